@@ -1,0 +1,79 @@
+"""The `sa3mlx` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import sa3mlx  # noqa: F401  (BLAS set-up before anything imports mlx)
+
+
+def _convert(args) -> int:
+    from sa3mlx.convert.model import ConvertOptions, convert_source
+
+    options = ConvertOptions(dit_dtype=args.dit_dtype, same_dtype=args.same_dtype,
+                             t5gemma_dtype=args.t5gemma_dtype, allow_pickle=args.allow_pickle)
+    manifest = convert_source(args.source, args.out_dir, options)
+    for name, info in manifest["files"].items():
+        print(f"{Path(args.out_dir) / name}: {info['keys']} keys, {'/'.join(info['dtypes'])}")
+    return 0
+
+
+def _parity(args) -> int:
+    from sa3mlx.parity.run import check, default_fixture_dirs, recompute
+
+    words = args.words
+    if words and words[0] == "check":
+        if len(words) not in (2, 3):
+            raise SystemExit("usage: sa3mlx parity check KIND [FIXTURE_DIR]")
+        kind = words[1]
+        folders = [Path(words[2])] if len(words) == 3 else default_fixture_dirs(kind)
+        reports = [check(kind, folder) for folder in folders]
+        for report in reports:
+            print("\n".join(report.lines()))
+        return 0 if all(r.ok for r in reports) else 1
+    if len(words) != 3:
+        raise SystemExit("usage: sa3mlx parity KIND FIXTURE_DIR OUT_DIR | sa3mlx parity check KIND [FIXTURE_DIR]")
+    outputs = recompute(*words)
+    for file, values in outputs.items():
+        print(f"{Path(words[2]) / file}: {len(values)} keys")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sa3mlx", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    conv = sub.add_parser("convert", help="torch SA3/SAME/T5Gemma checkpoint -> MLX npz files")
+    conv.add_argument("source", help="HF model folder (model_config.json + model.safetensors) or a checkpoint file")
+    conv.add_argument("out_dir")
+    conv.add_argument("--dit-dtype", default="float16", choices=("float16", "float32"))
+    conv.add_argument("--same-dtype", default="float32", choices=("float16", "float32"))
+    conv.add_argument("--t5gemma-dtype", default="float16", choices=("float16", "float32"))
+    conv.add_argument("--allow-pickle", action="store_true",
+                      help="read .ckpt/.pt files (runs pickle; needs torch; weights-only load)")
+    conv.set_defaults(run=_convert)
+
+    par = sub.add_parser("parity", help="recompute / check golden fixtures of the official implementation",
+                         usage="sa3mlx parity KIND FIXTURE_DIR OUT_DIR | sa3mlx parity check KIND [FIXTURE_DIR]")
+    par.add_argument("words", nargs="+", metavar="ARG")
+    par.set_defaults(run=_parity)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sa3mlx.convert.checkpoint import CheckpointError
+    from sa3mlx.models.config import ConfigError
+    from sa3mlx.parity.registry import ParityError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (CheckpointError, ConfigError, ParityError, FileNotFoundError) as e:
+        print(f"sa3mlx {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

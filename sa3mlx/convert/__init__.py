@@ -1,0 +1,1 @@
+"""Layer 2: torch checkpoint -> MLX arrays, as pure key-mapping functions."""

@@ -1,0 +1,95 @@
+"""Reading checkpoints without torch: safetensors (bf16 included), npz, and guarded pickles."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin")
+_SAFETENSORS_DTYPES = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
+    "U8": np.uint8, "BOOL": np.bool_,
+}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read, or whose keys/shapes are wrong; names the file."""
+
+
+def bf16_to_f32(raw: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) -> float32, exactly."""
+    return (raw.astype(np.uint32) << 16).view(np.float32)
+
+
+def read_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """All tensors of a .safetensors file (bf16 widened to fp32) and its metadata."""
+    path = Path(path)
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    if data.size < 8:
+        raise CheckpointError(f"{path}: too short to be a safetensors file")
+    (header_len,) = struct.unpack("<Q", data[:8].tobytes())
+    if header_len > data.size - 8:
+        raise CheckpointError(f"{path}: header length {header_len} exceeds the file size")
+    try:
+        header = json.loads(data[8:8 + header_len].tobytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: unreadable safetensors header ({e})") from None
+    metadata = header.pop("__metadata__", None) or {}
+    body = data[8 + header_len:]
+    tensors = {}
+    for name, info in header.items():
+        tensors[name] = _tensor(path, name, info, body)
+    return tensors, metadata
+
+
+def _tensor(path: Path, name: str, info: dict, body: np.ndarray) -> np.ndarray:
+    dtype = _SAFETENSORS_DTYPES.get(info.get("dtype"))
+    if dtype is None:
+        raise CheckpointError(f"{path}: tensor '{name}' has unsupported dtype {info.get('dtype')}")
+    start, end = info["data_offsets"]
+    shape = tuple(info["shape"])
+    count = int(np.prod(shape, dtype=np.int64))
+    if end > body.size or end - start != count * np.dtype(dtype).itemsize:
+        raise CheckpointError(f"{path}: tensor '{name}' has inconsistent offsets {start}..{end}")
+    array = np.frombuffer(body[start:end], dtype=dtype).reshape(shape)
+    return bf16_to_f32(array) if info["dtype"] == "BF16" else np.array(array)
+
+
+def read_npz(path: str | Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as f:
+        return {k: f[k] for k in f.files}
+
+
+def read_pickle_checkpoint(path: str | Path, allow_pickle: bool) -> dict[str, np.ndarray]:
+    """A torch .ckpt/.pt state dict, only when the user opted in and torch is installed."""
+    path = Path(path)
+    if not allow_pickle:
+        raise CheckpointError(
+            f"{path}: refusing to read a pickle checkpoint (it can run arbitrary code). "
+            "Convert it to .safetensors, or set convert.allow_pickle: true (needs torch installed).")
+    try:
+        import torch
+    except ImportError:
+        raise CheckpointError(f"{path}: convert.allow_pickle is set but torch is not installed") from None
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = state.get("state_dict", state)
+    return {k: v.float().numpy() if v.is_floating_point() else v.numpy()
+            for k, v in state.items() if hasattr(v, "numpy")}
+
+
+def read_checkpoint(path: str | Path, allow_pickle: bool = False) -> dict[str, np.ndarray]:
+    """Tensors of any supported checkpoint file, keyed by their stored names."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    if path.suffix == ".safetensors":
+        return read_safetensors(path)[0]
+    if path.suffix == ".npz":
+        return read_npz(path)
+    if path.suffix in PICKLE_SUFFIXES:
+        return read_pickle_checkpoint(path, allow_pickle)
+    raise CheckpointError(f"{path}: unknown checkpoint format (expected .safetensors, .npz or .ckpt)")

@@ -1,0 +1,49 @@
+"""The one device-precision policy: storage dtypes, compute dtypes, compile notice.
+
+MLX's CPU matmul in fp16/bf16 is ~20x slower than fp32, so on the CPU device every
+computation runs in fp32 whatever the weights are stored in. GPUs compute in the
+storage dtype.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+NUMPY_STORAGE = {"float32": np.float32, "float16": np.float16}
+
+
+def parse_dtype(name: str) -> mx.Dtype:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype '{name}' (expected one of {', '.join(DTYPES)})") from None
+
+
+def on_cpu() -> bool:
+    return mx.default_device().type == mx.DeviceType.cpu
+
+
+def compute_dtype(storage: mx.Dtype) -> mx.Dtype:
+    """dtype to compute in for weights stored as `storage` on the current device."""
+    if on_cpu() and storage in (mx.float16, mx.bfloat16):
+        return mx.float32
+    return storage
+
+
+def cpu_compile_cache() -> Path:
+    """Where MLX caches the C++ kernels `mx.compile` builds on the CPU."""
+    return Path(tempfile.gettempdir()) / "mlx" / mx.__version__ / "cpu"
+
+
+def announce_compile(what: str) -> None:
+    """One line before a first (cold-cache) CPU compile, which takes 15-40 s per function."""
+    cache = cpu_compile_cache()
+    if on_cpu() and not (cache.exists() and any(cache.iterdir())):
+        print(f"sa3mlx: compiling {what} for the CPU (first run only, ~15-40 s; cached in {cache})",
+              file=sys.stderr)
