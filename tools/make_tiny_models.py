@@ -18,10 +18,13 @@ numbers, so outputs are noise, but every real code path (config parsing, key
 mapping, tokenizer, text encoder, DiT, codec, LoRA injection) is exercised.
 
 Everything is deterministic: re-running with the same ``--seed`` reproduces every
-file byte for byte. Only numpy, safetensors and tokenizers are used.
+file byte for byte. Keys and shapes come from the converter's tables in
+``sa3mlx.convert`` (one source of truth); numpy, safetensors and tokenizers write.
 """
 
 from __future__ import annotations
+
+import sa3mlx  # noqa: F401  (first: sets up BLAS before anything imports mlx)
 
 import argparse
 import json
@@ -32,8 +35,14 @@ import numpy as np
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
 
+from sa3mlx.convert.dit import BUFFER_SUFFIX, DIT_PREFIX, torch_cond_shapes, torch_dit_shapes
+from sa3mlx.convert.same import torch_same_shapes
+from sa3mlx.convert.t5gemma import ENCODER_PREFIX, t5gemma_shapes
+from sa3mlx.models.config import ModelConfig, T5GemmaConfig
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 VOCAB_FILE = Path(__file__).resolve().parent / "demo_vocab.txt"
+SAME_PREFIX = "pretransform.model."
 
 # name -> (HF repo id mirrored, diffusion objective, rng stream id)
 VARIANTS = {
@@ -50,9 +59,7 @@ PROMPT_MAX_LENGTH = 64
 
 # Tiny dimensions (same as the parity fixture ``dit_small``).
 COND_DIM = 768  # hard-coded width of the official T5Gemma conditioner
-NUMBER_FEATURES = 256  # Fourier features of the seconds_total NumberEmbedder
-SAME_FF_MULT = 3  # SAME transformer blocks: GLU feed-forward, inner = 3 * dim
-SAME_QKV_FACTOR = 5  # differential attention: 2 q + 2 k + 1 v projections
+TIMESTEP_FEATURES = 256  # Fourier features of the DiT timestep embedder
 
 
 # ----------------------------------------------------------------------------
@@ -161,7 +168,7 @@ def diffusion_config(objective: str) -> dict:
             "global_cond_type": "adaLN",
             "timestep_cond_type": "global",
             "timestep_features_type": "expo",
-            "timestep_features_dim": NUMBER_FEATURES,
+            "timestep_features_dim": TIMESTEP_FEATURES,
             "timestep_features_logsnr": False,
             "num_memory_tokens": 4,
             "local_add_cond_dim": 17,
@@ -189,141 +196,22 @@ def model_config(repo_id: str, objective: str) -> dict:
 
 
 # ----------------------------------------------------------------------------
-# model.safetensors: key layout and shapes derived from the config
+# model.safetensors: keys and shapes from the converter's tables
 # ----------------------------------------------------------------------------
 
 
-def rope_dim(dim_head: int, *, dit: bool) -> int:
-    """Rotary dims: DiT uses max(dim_head // 2, 32), SAME uses dim_heads // 2."""
-    return max(dim_head // 2, 32) if dit else dim_head // 2
-
-
-def dit_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
-    """Shapes of ``model.model.*`` (DiT wrapped by the diffusion wrapper)."""
-    c = cfg["model"]["diffusion"]["config"]
-    e, io, heads = c["embed_dim"], c["io_channels"], c["num_heads"]
-    dh, hidden = e // heads, e * c["ff_kwargs"]["mult"]
-    p = "model.model."
-    s = {
-        p + "preprocess_conv.weight": (io, io, 1),
-        p + "postprocess_conv.weight": (io, io, 1),
-        p + "to_cond_embed.0.weight": (e, c["cond_token_dim"]),
-        p + "to_cond_embed.2.weight": (e, e),
-        p + "to_global_embed.0.weight": (e, c["global_cond_dim"]),
-        p + "to_global_embed.2.weight": (e, e),
-        p + "to_timestep_embed.0.weight": (e, c["timestep_features_dim"]),
-        p + "to_timestep_embed.0.bias": (e,),
-        p + "to_timestep_embed.2.weight": (e, e),
-        p + "to_timestep_embed.2.bias": (e,),
-    }
-    t = p + "transformer."
-    s.update({
-        t + "global_cond_embedder.0.weight": (e, e),
-        t + "global_cond_embedder.0.bias": (e,),
-        t + "global_cond_embedder.2.weight": (6 * e, e),
-        t + "global_cond_embedder.2.bias": (6 * e,),
-        t + "memory_tokens": (c["num_memory_tokens"], e),
-        t + "project_in.weight": (e, io),
-        t + "project_out.weight": (io, e),
-        t + "rotary_pos_emb.inv_freq": (rope_dim(dh, dit=True) // 2,),
-    })
-    for i in range(c["depth"]):
-        b = f"{t}layers.{i}."
-        s.update({
-            b + "pre_norm.gamma": (e,),
-            b + "self_attn.to_qkv.weight": (3 * e, e),
-            b + "self_attn.to_out.weight": (e, e),
-            b + "self_attn.q_norm.gamma": (dh,),
-            b + "self_attn.k_norm.gamma": (dh,),
-            b + "cross_attend_norm.gamma": (e,),
-            b + "cross_attn.to_q.weight": (e, e),
-            b + "cross_attn.to_kv.weight": (2 * e, e),
-            b + "cross_attn.to_out.weight": (e, e),
-            b + "cross_attn.q_norm.gamma": (dh,),
-            b + "cross_attn.k_norm.gamma": (dh,),
-            b + "ff_norm.gamma": (e,),
-            b + "ff.ff.0.proj.weight": (2 * hidden, e),
-            b + "ff.ff.0.proj.bias": (2 * hidden,),
-            b + "ff.ff.2.weight": (e, hidden),
-            b + "ff.ff.2.bias": (e,),
-            b + "to_local_embed.0.weight": (e, c["local_add_cond_dim"]),
-            b + "to_local_embed.0.bias": (e,),
-            b + "to_local_embed.2.weight": (e, e),
-            b + "to_local_embed.2.bias": (e,),
-            b + "to_scale_shift_gate": (6 * e,),
-        })
-    return s
-
-
-def conditioner_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
-    """Shapes of ``conditioner.conditioners.*`` (learned prompt padding, seconds)."""
-    d = cfg["model"]["conditioning"]["cond_dim"]
-    p = "conditioner.conditioners."
+def sa3_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Official state-dict layout: ``model.model.*`` DiT, conditioners, ``pretransform.model.*``."""
     return {
-        p + "prompt.padding_embedding": (d,),
-        p + "seconds_total.embedder.embedding.1.weight": (d, NUMBER_FEATURES),
-        p + "seconds_total.embedder.embedding.1.bias": (d,),
+        **{DIT_PREFIX + k: v for k, v in torch_dit_shapes(cfg.dit).items()},
+        **torch_cond_shapes(cfg.conditioner.cond_dim),
+        **{SAME_PREFIX + k: v for k, v in torch_same_shapes(cfg.autoencoder).items()},
     }
 
 
-def same_block_shapes(prefix: str, sc: dict, in_ch: int, out_ch: int, kernel: int,
-                      width: int, depth: int) -> dict[str, tuple[int, ...]]:
-    """One SAME stage: weight-normed mapping conv, new token, DyT transformers."""
-    dh, hidden = sc["dim_heads"], SAME_FF_MULT * width
-    s = {
-        prefix + "mapping.weight_v": (out_ch, in_ch, kernel),
-        prefix + "mapping.weight_g": (out_ch, 1, 1),
-        prefix + "mapping.bias": (out_ch,),
-        prefix + "new_tokens": (1, 1, width),
-    }
-    for j in range(depth):
-        b = f"{prefix}transformers.{j}."
-        for norm, n in (("pre_norm", width), ("ff_norm", width),
-                        ("self_attn.q_norm", dh), ("self_attn.k_norm", dh)):
-            s.update({b + norm + ".alpha": (1,), b + norm + ".beta": (n,),
-                      b + norm + ".gamma": (n,)})
-        s.update({
-            b + "rope.inv_freq": (rope_dim(dh, dit=False) // 2,),
-            b + "self_attn.to_qkv.weight": (SAME_QKV_FACTOR * width, width),
-            b + "self_attn.to_out.weight": (width, width),
-            b + "ff.ff.0.proj.weight": (2 * hidden, width),
-            b + "ff.ff.0.proj.bias": (2 * hidden,),
-            b + "ff.ff.2.weight": (width, hidden),
-            b + "ff.ff.2.bias": (width,),
-        })
-    return s
-
-
-def pretransform_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
-    """Shapes of ``pretransform.model.*`` (single-stage SAME codec + SoftNorm)."""
-    ac = cfg["model"]["pretransform"]["config"]
-    enc, dec = ac["encoder"]["config"], ac["decoder"]["config"]
-    bn = ac["bottleneck"]["config"]
-    assert len(enc["c_mults"]) == 1 and len(dec["c_mults"]) == 1, "single stage only"
-    p = "pretransform.model."
-    w_enc = enc["channels"] * enc["c_mults"][0]
-    w_dec = dec["channels"] * dec["c_mults"][0]
-    kernel = 3 if dec.get("conv_mapping") else 1
-    s = same_block_shapes(p + "encoder.layers.0.", enc, enc["in_channels"], w_enc, 1,
-                          w_enc, enc["transformer_depths"][0])
-    s[p + "encoder.layers.2.weight"] = (enc["latent_dim"], w_enc)
-    s[p + "encoder.layers.2.bias"] = (enc["latent_dim"],)
-    s[p + "decoder.layers.1.weight"] = (w_dec, dec["latent_dim"])
-    s[p + "decoder.layers.1.bias"] = (w_dec,)
-    s.update(same_block_shapes(p + "decoder.layers.3.", dec, w_dec, dec["out_channels"],
-                               kernel, w_dec, dec["transformer_depths"][0]))
-    s.update({
-        p + "bottleneck.scaling_factor": (1, bn["dim"], 1),
-        p + "bottleneck.bias": (1, bn["dim"], 1),
-        p + "bottleneck.noise_scaling_factor": (1, bn["noise_augment_dim"], 1),
-        p + "bottleneck.running_std": (1,),
-    })
-    return s
-
-
-def rope_inv_freq(n: int) -> np.ndarray:
-    """Official inv_freq = 1 / 10000 ** (arange(0, R, 2) / R), computed in fp32."""
-    r = 2 * n
+def rope_inv_freq(shape: tuple[int, ...]) -> np.ndarray:
+    """Official inv_freq = 1 / 10000 ** (arange(0, R, 2) / R), fp32; R = 2 * len."""
+    r = 2 * shape[0]
     exps = np.arange(0, r, 2, dtype=np.float32) / np.float32(r)
     return (np.float32(1.0) / np.power(np.float32(10000.0), exps)).astype(np.float32)
 
@@ -357,17 +245,17 @@ def init_tensor(rng: np.random.Generator, key: str, shape: tuple[int, ...]) -> n
 
 def keep_fp32(key: str) -> bool:
     """Buffers that fp16 storage would damage stay float32."""
-    return key.endswith("inv_freq") or key.startswith("pretransform.model.bottleneck.")
+    return key.endswith(BUFFER_SUFFIX) or key.startswith(SAME_PREFIX + "bottleneck.")
 
 
-def sa3_state_dict(cfg: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def sa3_state_dict(cfg: ModelConfig, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Random full state dict in the official layout (keys drawn in sorted order)."""
-    shapes = {**dit_shapes(cfg), **conditioner_shapes(cfg), **pretransform_shapes(cfg)}
+    shapes = sa3_shapes(cfg)
     out = {}
     for key in sorted(shapes):
         shape = shapes[key]
-        if key.endswith("inv_freq"):
-            arr = rope_inv_freq(shape[0])
+        if key.endswith(BUFFER_SUFFIX):
+            arr = rope_inv_freq(shape)
         else:
             arr = init_tensor(rng, key, shape)
         out[key] = np.ascontiguousarray(arr, dtype=np.float32 if keep_fp32(key) else np.float16)
@@ -479,31 +367,14 @@ def t5_config(vocab_size: int) -> dict:
     }
 
 
-def t5_encoder_state_dict(cfg: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def t5_encoder_state_dict(cfg: T5GemmaConfig, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Random encoder-only weights with HF T5Gemma names, fp16 storage."""
-    c = cfg["encoder"]
-    d, hd, ff = c["hidden_size"], c["head_dim"], c["intermediate_size"]
-    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
-    shapes = {"encoder.embed_tokens.weight": (c["vocab_size"], d), "encoder.norm.weight": (d,)}
-    for i in range(c["num_hidden_layers"]):
-        b = f"encoder.layers.{i}."
-        shapes.update({
-            b + "self_attn.q_proj.weight": (q, d),
-            b + "self_attn.k_proj.weight": (kv, d),
-            b + "self_attn.v_proj.weight": (kv, d),
-            b + "self_attn.o_proj.weight": (d, q),
-            b + "mlp.gate_proj.weight": (ff, d),
-            b + "mlp.up_proj.weight": (ff, d),
-            b + "mlp.down_proj.weight": (d, ff),
-        })
-        for norm in ("pre_self_attn_layernorm", "post_self_attn_layernorm",
-                     "pre_feedforward_layernorm", "post_feedforward_layernorm"):
-            shapes[b + norm + ".weight"] = (d,)
+    shapes = {ENCODER_PREFIX + k: v for k, v in t5gemma_shapes(cfg).items()}
     out = {}
     for key in sorted(shapes):
         shape = shapes[key]
         if key.endswith("embed_tokens.weight"):
-            arr = rng.standard_normal(shape) / math.sqrt(d)  # x sqrt(d) in Gemma -> O(1)
+            arr = rng.standard_normal(shape) / math.sqrt(cfg.hidden_size)  # x sqrt(d) -> O(1)
         elif len(shape) == 1:
             arr = 0.1 * rng.standard_normal(shape)  # Gemma RMSNorm scales by (1 + w)
         else:
@@ -534,7 +405,7 @@ def write_variant(folder: Path, repo_id: str, objective: str, rng: np.random.Gen
     folder.mkdir(parents=True, exist_ok=True)
     cfg = model_config(repo_id, objective)
     write_json(folder / "model_config.json", cfg)
-    weights = sa3_state_dict(cfg, rng)
+    weights = sa3_state_dict(ModelConfig.from_dict(cfg), rng)
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
     write_t5_folder(folder / T5_SUBFOLDER, *t5)
     return weights
@@ -553,7 +424,8 @@ def main(argv: list[str] | None = None) -> None:
 
     tok = build_tokenizer(build_vocab(read_vocab_words(VOCAB_FILE)))
     t5_cfg = t5_config(tok.get_vocab_size(with_added_tokens=True))
-    t5_weights = t5_encoder_state_dict(t5_cfg, np.random.default_rng([args.seed, T5_STREAM]))
+    t5_weights = t5_encoder_state_dict(T5GemmaConfig.from_hf(t5_cfg),
+                                       np.random.default_rng([args.seed, T5_STREAM]))
 
     total = 0
     for name, (repo_id, objective, stream) in VARIANTS.items():
