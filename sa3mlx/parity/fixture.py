@@ -52,23 +52,24 @@ class Fixture:
     def load(self, ref: str):
         """`file.npz:key`, `file.safetensors:key`, or a whole `file.npz` / `file.safetensors`."""
         file, _, key = ref.partition(":")
-        data = self._read(self.path(file))
+        data = read_fixture_file(self.path(file))
         return data[key] if key else data
 
     def reference(self, file: str):
         """The stored expected file (dict of arrays, or parsed JSON)."""
-        return self._read(self.dir / file)
+        return read_fixture_file(self.dir / file)
 
     def passthrough(self) -> dict[str, dict[str, dict]]:
         return self.spec.get("passthrough_keys", {})
 
-    @staticmethod
-    def _read(path: Path):
-        if path.suffix == ".npz":
-            with np.load(path, allow_pickle=False) as f:
-                return {k: f[k] for k in f.files}
-        if path.suffix == ".safetensors":
-            return read_safetensors(path)[0]
-        if path.suffix == ".json":
-            return json.loads(path.read_text())
-        raise ValueError(f"{path}: unsupported fixture file type")
+
+def read_fixture_file(path: Path):
+    """A fixture file as a dict of arrays (.npz, .safetensors) or parsed JSON."""
+    if path.suffix == ".npz":
+        with np.load(path, allow_pickle=False) as f:
+            return {k: f[k] for k in f.files}
+    if path.suffix == ".safetensors":
+        return read_safetensors(path)[0]
+    if path.suffix == ".json":
+        return json.loads(path.read_text())
+    raise ValueError(f"{path}: unsupported fixture file type")

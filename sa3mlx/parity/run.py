@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from sa3mlx.parity.compare import Comparison, compare
-from sa3mlx.parity.fixture import Fixture
+from sa3mlx.parity.fixture import Fixture, read_fixture_file
 from sa3mlx.parity.registry import FOLDERS, THRESHOLDS_DB, ParityError, runner_for
 from sa3mlx.runtime.io import save_json, save_npz
 
@@ -102,7 +102,7 @@ def check(kind: str, fixture_dir: str | Path) -> Report:
         for file in fixture.expected_files():
             produced = Path(tmp) / file
             reference = fixture.reference(file)
-            result = Fixture._read(produced) if produced.is_file() else {}
+            result = read_fixture_file(produced) if produced.is_file() else {}
             for key in reference:
                 if key in result:
                     report.rows.append((file, compare(key, reference[key], result[key])))
