@@ -11,7 +11,7 @@ import yaml
 
 from conftest import ROOT
 
-PROJECT_FILES = ("dvc.yaml", "params.yaml", "stages", "sa3mlx", "models/tiny-base", "models/tiny-arc")
+PROJECT_FILES = ("dvc.yaml", "params.yaml", "stages", "sa3mlx", "models/tiny-base", "models/tiny-arc", "data/raw")
 
 
 def run(cmd, cwd):
@@ -47,10 +47,10 @@ def test_repro_converts_then_does_nothing(project):
 
 
 def test_changing_a_convert_param_reruns_convert(project):
-    run(["dvc", "repro"], project)
+    run(["dvc", "repro", "convert"], project)
     params = yaml.safe_load((project / "params.yaml").read_text())
     params["convert"]["dit_dtype"] = "float32"
     (project / "params.yaml").write_text(yaml.safe_dump(params))
-    assert "Running stage 'convert'" in run(["dvc", "repro"], project)
+    assert "Running stage 'convert'" in run(["dvc", "repro", "convert"], project)
     with np.load(project / "models" / "converted" / "tiny-base" / "dit.npz") as f:
         assert f["transformer.project_in.weight"].dtype == np.float32
