@@ -1,0 +1,69 @@
+"""The adapters' effective-weight maths on 2-D weights (fan_out, fan_in), as the official
+parametrisation computes it, and the row/column-norm identities of the unmaterialised form.
+
+s = alpha/rank, λ = strength. LoRA/-xs: W + s·λ·Δ, Δ added in the base's compute dtype.
+DoRA/BoRA (incl. -xs): V = W + s·λ·Δ in fp32, normalised (‖·‖ + 1e-12, added, not max'ed),
+times the magnitudes, cast back; at λ == 0 the base weight is returned unchanged.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from sa3mlx.lora.types import AdapterKind
+from sa3mlx.runtime.precision import compute_dtype
+
+NORM_EPS = 1e-12
+
+
+def low_rank_factors(kind: AdapterKind, p: dict[str, mx.array]) -> tuple[mx.array, mx.array]:
+    """(left (fan_out, r), right (r, fan_in)) with Δ = left @ right: B, A or U·M_xs, Vᵀ."""
+    if kind.xs:
+        return p["U"] @ p["M_xs"], p["V"].T
+    return p["lora_B"], p["lora_A"]
+
+
+def effective_weight_2d(w2: mx.array, kind: AdapterKind, p: dict[str, mx.array],
+                        scale: float, strength: float) -> mx.array:
+    """The adapted weight (fan_out, fan_in) in the base's compute dtype."""
+    dtype = compute_dtype(w2.dtype)
+    if kind.directional and strength == 0:
+        return w2.astype(dtype)
+    left, right = low_rank_factors(kind, p)
+    delta = (scale * strength) * (left @ right)
+    if not kind.directional:
+        return w2.astype(dtype) + delta.astype(dtype)
+    v = w2.astype(mx.float32) + delta
+    if kind.norm == "rows":
+        v = v / (mx.linalg.norm(v, axis=1, keepdims=True) + NORM_EPS) * p["magnitude"][:, None]
+    elif kind.norm == "cols":
+        v = v / (mx.linalg.norm(v, axis=0, keepdims=True) + NORM_EPS) * p["magnitude"][None, :]
+    else:
+        h = p["magnitude_r"][:, None] * (v / (mx.linalg.norm(v, axis=1, keepdims=True) + NORM_EPS))
+        v = h / (mx.linalg.norm(h, axis=0, keepdims=True) + NORM_EPS) * p["magnitude_c"][None, :]
+    return v.astype(dtype)
+
+
+def direction_gains(w2: mx.array, kind: AdapterKind, p: dict[str, mx.array], scale: float,
+                    strength: float) -> tuple[mx.array | None, mx.array | None]:
+    """(row gain (fan_out,) or None, column gain (fan_in,) or None) such that the DoRA/BoRA weight
+    is diag(row)·(W + c·ΔL·ΔR)·diag(col), c = s·λ, from the norm identities (no (out, in) Δ):
+    ‖V‖²_row = Σ W² + 2c·rowsum((W Rᵀ) ⊙ L) + c²·rowsum((L R Rᵀ) ⊙ L), and per column with weights q
+    ‖diag(√q)V‖²_col = qᵀ(W⊙W) + 2c·colsum(R ⊙ ((q⊙L)ᵀ W)) + c²·colsum(R ⊙ (Lᵀ(q⊙L) R))."""
+    left, right = low_rank_factors(kind, p)
+    c = scale * strength
+    w = w2.astype(mx.float32)
+    row = col = None
+    if kind.norm in ("rows", "both"):
+        sq = (mx.sum(w * w, axis=1) + 2 * c * mx.sum((w @ right.T) * left, axis=1)
+              + c * c * mx.sum((left @ (right @ right.T)) * left, axis=1))
+        magnitude = p["magnitude"] if kind.norm == "rows" else p["magnitude_r"]
+        row = magnitude / (mx.sqrt(mx.maximum(sq, 0.0)) + NORM_EPS)
+    if kind.norm in ("cols", "both"):
+        q = mx.ones((w.shape[0],), mx.float32) if row is None else row * row
+        ql = left * q[:, None]
+        sq = (q @ (w * w) + 2 * c * mx.sum(right * (ql.T @ w), axis=0)
+              + c * c * mx.sum(right * ((left.T @ ql) @ right), axis=0))
+        magnitude = p["magnitude"] if kind.norm == "cols" else p["magnitude_c"]
+        col = magnitude / (mx.sqrt(mx.maximum(sq, 0.0)) + NORM_EPS)
+    return row, col
