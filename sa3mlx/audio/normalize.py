@@ -1,0 +1,184 @@
+"""The `normalize` stage's work: data/raw/ -> data/normalized/ (audio, tag sidecars, census).
+
+For each audio-named input, in sorted order: decode (bad input -> quarantine with a reason),
+first two channels (or a downmix), resample to 44.1 kHz with soxr, mono -> stereo, cap at
+`max_seconds` aligned down to whole latents, drop exact duplicates, write the audio and a
+`<stem>.json` of its tags. Nothing but the listed bad input stops the rest; outputs are
+written atomically and are byte-identical for identical inputs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from sa3mlx.audio import census, reasons
+from sa3mlx.audio.channels import POLICIES, reduce_channels, to_stereo
+from sa3mlx.audio.decode import decode, open_input
+from sa3mlx.audio.dedup import Deduplicator, pcm_hash
+from sa3mlx.audio.naming import output_stems
+from sa3mlx.audio.reasons import Rejected
+from sa3mlx.audio.resample import QUALITIES, resample
+from sa3mlx.audio.scan import Listing, scan
+from sa3mlx.audio.tags import find_tags
+from sa3mlx.audio.write import FORMATS, write_audio
+from sa3mlx.runtime.io import save_json
+
+LATENT_SAMPLES = 4096  # audio samples per SAME latent frame (SA3's codecs downsample by 4096)
+REPORT_NAME = "report.json"
+
+
+@dataclass(frozen=True)
+class Options:
+    sample_rate: int = 44100
+    max_seconds: float = 600.0
+    format: str = "wav"  # "wav": float32 WAV; "flac": 24-bit FLAC (quantised)
+    channels: str = "first_two"  # for >2 channels: "first_two" or "downmix"
+    resample_quality: str = "VHQ"
+    silence_dbfs: float = -80.0  # a peak at or below this is flagged silent (kept)
+    strict: bool = False  # fail the stage if anything is quarantined
+
+    @classmethod
+    def from_params(cls, params: dict) -> "Options":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise ValueError(f"normalize: unknown params {unknown}; known: {sorted(known)}")
+        options = cls(**params)
+        options.validate()
+        if not isinstance(options.strict, bool):
+            raise ValueError(f"normalize.strict {options.strict!r}: expected true or false")
+        return options
+
+    def validate(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"normalize.format {self.format!r}: expected one of {sorted(FORMATS)}")
+        if self.channels not in POLICIES:
+            raise ValueError(f"normalize.channels {self.channels!r}: expected one of {POLICIES}")
+        if self.resample_quality not in QUALITIES:
+            raise ValueError(f"normalize.resample_quality {self.resample_quality!r}: expected one of {QUALITIES}")
+        if self.max_samples < LATENT_SAMPLES:
+            raise ValueError(f"normalize.max_seconds {self.max_seconds}: shorter than one latent")
+
+    @property
+    def max_samples(self) -> int:
+        return int(self.max_seconds * self.sample_rate) // LATENT_SAMPLES * LATENT_SAMPLES
+
+
+def normalize_dir(raw: str | os.PathLike, out: str | os.PathLike, options: Options = Options()) -> dict:
+    """List `raw`, normalise every input into `out`, write and return the census report."""
+    return normalize_listing(scan(raw), raw, out, options)
+
+
+def normalize_listing(listing: Listing, raw: str | os.PathLike, out: str | os.PathLike,
+                      options: Options = Options()) -> dict:
+    raw, out = Path(raw), Path(out)
+    _check_folders(raw, out)
+    stems = output_stems(listing.inputs)
+    extension = FORMATS[options.format]
+    dedup = Deduplicator()
+    decoded, quarantined = [], [_bad_name_entry(name) for name in listing.bad_names]
+    written = {REPORT_NAME}
+    for rel in listing.inputs:
+        try:
+            audio, record, tags = _prepare(raw, rel, options)
+        except Rejected as r:
+            quarantined.append({"path": rel, "reason": r.reason, "detail": r.detail})
+            continue
+        except Exception as e:  # bad input never stops the stage
+            quarantined.append({"path": rel, "reason": reasons.UNEXPECTED_ERROR,
+                                "detail": f"{type(e).__name__}: {e}"})
+            continue
+        kept = dedup.seen(record["sha256"], rel)
+        if kept is not None:
+            decoded.append({**record, "duplicate_of": kept})
+            continue
+        name = stems[rel] + extension
+        record["output"] = name
+        clipped = write_audio(out / name, audio, options.sample_rate, options.format)
+        if clipped:
+            record["clipped_samples"] = clipped
+        save_json(out / f"{stems[rel]}.json", tags)
+        written.update({name, f"{stems[rel]}.json"})
+        decoded.append(record)
+    _remove_stale(out, written)
+    report = census.build_report(asdict(options), len(listing.inputs), decoded, quarantined,
+                                 dedup.duplicates, listing.ignored)
+    save_json(out / REPORT_NAME, report)
+    return report
+
+
+def stage_failure(report: dict, strict: bool) -> str | None:
+    """Why the stage must exit non-zero, or None."""
+    counts = report["counts"]
+    if counts["kept"] == 0:
+        return f"nothing usable: 0 of {counts['audio_files']} audio files kept"
+    if strict and counts["quarantined"]:
+        return f"normalize.strict is true and {counts['quarantined']} inputs were quarantined"
+    return None
+
+
+def _prepare(raw: Path, rel: str, options: Options) -> tuple[np.ndarray, dict, dict]:
+    path = raw / rel
+    limit = options.max_samples / options.sample_rate
+    with open_input(path) as (f, size):
+        source = decode(f, size, limit)
+        tags = find_tags(path, raw, f)
+    audio = reduce_channels(source.audio, options.channels)
+    audio = resample(audio, source.sample_rate, options.sample_rate, options.resample_quality)
+    capped = audio.shape[0] > options.max_samples
+    audio = to_stereo(audio[: options.max_samples])
+    if audio.shape[0] < LATENT_SAMPLES:
+        raise Rejected(reasons.TOO_SHORT, f"{audio.shape[0]} samples at {options.sample_rate} Hz after "
+                                          f"resampling ({source.frames} at {source.sample_rate} Hz); "
+                                          f"one latent is {LATENT_SAMPLES}")
+    peak = float(np.max(np.abs(audio)))
+    record = {
+        "source": rel,
+        "format": source.format,
+        "subtype": source.subtype,
+        "sample_rate": source.sample_rate,
+        "channels": source.channels,
+        "source_seconds": round(source.seconds, 3),
+        "samples": int(audio.shape[0]),
+        "seconds": round(audio.shape[0] / options.sample_rate, 3),
+        "capped": capped,
+        "peak_dbfs": round(20 * math.log10(peak), 2) if peak > 0 else None,
+        "silent": peak <= 10 ** (options.silence_dbfs / 20),
+        "tags": tags.source,
+        "sha256": pcm_hash(audio),
+    }
+    if tags.warnings:
+        record["tag_warnings"] = tags.warnings
+    return audio, record, tags.values
+
+
+def _bad_name_entry(bad: dict) -> dict:
+    return {"path": bad["path"], "reason": reasons.NON_UTF8_NAME,
+            "detail": f"rename it to valid UTF-8 (DVC fails on such names before any stage runs), "
+                      f"e.g. to {bad['suggested']!r}"}
+
+
+def _check_folders(raw: Path, out: Path) -> None:
+    raw_abs, out_abs = raw.resolve(), out.resolve()
+    if out_abs == raw_abs or raw_abs in out_abs.parents or out_abs in raw_abs.parents:
+        raise ValueError(f"output folder {out} must not contain or lie inside the input folder {raw}")
+
+
+def _remove_stale(out: Path, keep: set[str]) -> None:
+    """Delete what an earlier run left in `out` that this run did not write (then empty folders)."""
+    if not out.is_dir():
+        return
+    for folder, dirs, files in os.walk(out, topdown=False):
+        for name in files:
+            path = Path(folder, name)
+            if path.relative_to(out).as_posix() not in keep:
+                path.unlink()
+        for name in dirs:
+            path = Path(folder, name)
+            if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+                path.rmdir()
