@@ -41,6 +41,12 @@ def _parity(args) -> int:
     return 0
 
 
+def _lora_validate(args) -> int:
+    from sa3mlx.lora.validate import main as validate_main
+
+    return validate_main([args.file])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sa3mlx", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -59,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
                          usage="sa3mlx parity KIND FIXTURE_DIR OUT_DIR | sa3mlx parity check KIND [FIXTURE_DIR]")
     par.add_argument("words", nargs="+", metavar="ARG")
     par.set_defaults(run=_parity)
+
+    lora = sub.add_parser("lora", help="adapter files").add_subparsers(dest="lora_command", required=True)
+    val = lora.add_parser("validate", help="check an adapter file against underfit's upload contract")
+    val.add_argument("file")
+    val.set_defaults(run=_lora_validate)
     return parser
 
 

@@ -107,3 +107,12 @@ def test_only_absent_fields_are_back_filled(tmp_path):
                     {"lora_config": json.dumps({"rank": 2, "adapter_type": "lora", "include": None})})
     config = validate(path)["config"]
     assert config["alpha"] == 2 and config["include"] is None and config["exclude"] == []
+
+
+def test_cli_validate_exit_codes(tmp_path, capsys):
+    from sa3mlx.cli import main
+
+    assert main(["lora", "validate", str(FIXTURES / "lora" / "layer_lora.safetensors")]) == 0
+    assert '"adapter_type": "lora"' in capsys.readouterr().out
+    assert main(["lora", "validate", str(tmp_path / "missing.safetensors")]) == 1
+    assert "file not found" in capsys.readouterr().err

@@ -12,7 +12,7 @@ PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin")
 _SAFETENSORS_DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
     "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
-    "U8": np.uint8, "BOOL": np.bool_,
+    "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_,
 }
 
 
@@ -25,38 +25,53 @@ def bf16_to_f32(raw: np.ndarray) -> np.ndarray:
     return (raw.astype(np.uint32) << 16).view(np.float32)
 
 
-def read_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """All tensors of a .safetensors file (bf16 widened to fp32) and its metadata."""
+def read_safetensors_header(path: str | Path) -> tuple[dict[str, dict], dict[str, str], int]:
+    """(tensor entries, metadata, body offset) of a .safetensors file, every entry checked."""
     path = Path(path)
-    data = np.memmap(path, dtype=np.uint8, mode="r")
-    if data.size < 8:
-        raise CheckpointError(f"{path}: too short to be a safetensors file")
-    (header_len,) = struct.unpack("<Q", data[:8].tobytes())
-    if header_len > data.size - 8:
-        raise CheckpointError(f"{path}: header length {header_len} exceeds the file size")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise CheckpointError(f"{path}: too short to be a safetensors file")
+        (header_len,) = struct.unpack("<Q", prefix)
+        if header_len == 0 or header_len > size - 8:
+            raise CheckpointError(f"{path}: header length {header_len} does not fit a {size}-byte file")
+        raw = f.read(header_len)
     try:
-        header = json.loads(data[8:8 + header_len].tobytes())
+        header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path}: unreadable safetensors header ({e})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: safetensors header is not a JSON object")
     metadata = header.pop("__metadata__", None) or {}
-    body = data[8 + header_len:]
+    for name, info in header.items():
+        _check_entry(path, name, info, size - 8 - header_len)
+    return header, metadata, 8 + header_len
+
+
+def _check_entry(path: Path, name: str, info, body_size: int) -> None:
+    try:
+        dtype = np.dtype(_SAFETENSORS_DTYPES[info["dtype"]])
+        start, end = info["data_offsets"]
+        count = int(np.prod(info["shape"], dtype=np.int64))
+    except (KeyError, TypeError, ValueError):
+        raise CheckpointError(f"{path}: tensor '{name}' has a malformed or unsupported header entry") from None
+    if not 0 <= start <= end <= body_size or end - start != count * dtype.itemsize:
+        raise CheckpointError(f"{path}: tensor '{name}' lies outside the file or has inconsistent "
+                              "offsets (truncated?)")
+
+
+def read_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """All tensors of a .safetensors file (bf16 widened to fp32) and its metadata."""
+    header, metadata, body_offset = read_safetensors_header(path)
+    data = np.memmap(path, dtype=np.uint8, mode="r")
     tensors = {}
     for name, info in header.items():
-        tensors[name] = _tensor(path, name, info, body)
+        start, end = info["data_offsets"]
+        raw = np.frombuffer(data[body_offset + start:body_offset + end],
+                            dtype=_SAFETENSORS_DTYPES[info["dtype"]]).reshape(info["shape"])
+        tensors[name] = bf16_to_f32(raw) if info["dtype"] == "BF16" else np.array(raw)
     return tensors, metadata
-
-
-def _tensor(path: Path, name: str, info: dict, body: np.ndarray) -> np.ndarray:
-    dtype = _SAFETENSORS_DTYPES.get(info.get("dtype"))
-    if dtype is None:
-        raise CheckpointError(f"{path}: tensor '{name}' has unsupported dtype {info.get('dtype')}")
-    start, end = info["data_offsets"]
-    shape = tuple(info["shape"])
-    count = int(np.prod(shape, dtype=np.int64))
-    if end > body.size or end - start != count * np.dtype(dtype).itemsize:
-        raise CheckpointError(f"{path}: tensor '{name}' has inconsistent offsets {start}..{end}")
-    array = np.frombuffer(body[start:end], dtype=dtype).reshape(shape)
-    return bf16_to_f32(array) if info["dtype"] == "BF16" else np.array(array)
 
 
 def read_npz(path: str | Path) -> dict[str, np.ndarray]:

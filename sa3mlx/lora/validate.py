@@ -9,20 +9,16 @@ from __future__ import annotations
 
 import json
 import re
-import struct
 import sys
 from pathlib import Path
 
-import numpy as np
-
+from sa3mlx.convert.checkpoint import CheckpointError, read_safetensors_header
 from sa3mlx.lora.checkpoint import METADATA_KEY
 from sa3mlx.lora.types import ADAPTER_TYPES, ALIASES, LEGACY_DORA
 
 # underfit's key test (U and V count here even though checkpoints never hold them)
 ADAPTER_KEY_RE = re.compile(
     r"\.parametrizations\.weight\.\d+\.(lora_A|lora_B|magnitude|magnitude_r|magnitude_c|M_xs|U|V)$")
-_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
-             "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1}
 REASONS = {
     "not_found": "file not found",
     "not_safetensors": "not a .safetensors file (.ckpt/.pt/.bin files are pickles and are refused)",
@@ -35,45 +31,6 @@ REASONS = {
     "missing_rank": "the 'lora_config' metadata has no 'rank'",
     "missing_adapter_type": "the 'lora_config' metadata has no 'adapter_type'",
 }
-
-
-class HeaderError(ValueError):
-    pass
-
-
-def read_header(path: Path) -> tuple[dict[str, dict], dict[str, str]]:
-    """(tensor entries, metadata) of a safetensors file, with every offset checked against the size."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        prefix = f.read(8)
-        if len(prefix) < 8:
-            raise HeaderError("shorter than the 8-byte header length")
-        (length,) = struct.unpack("<Q", prefix)
-        if length == 0 or length > size - 8:
-            raise HeaderError(f"header length {length} does not fit a {size}-byte file")
-        raw = f.read(length)
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise HeaderError(f"header is not JSON ({e})") from None
-    if not isinstance(header, dict):
-        raise HeaderError("header is not a JSON object")
-    metadata = header.pop("__metadata__", None) or {}
-    body = size - 8 - length
-    for name, info in header.items():
-        _check_entry(name, info, body)
-    return header, metadata
-
-
-def _check_entry(name: str, info, body: int) -> None:
-    try:
-        itemsize = _ITEMSIZE[info["dtype"]]
-        start, end = info["data_offsets"]
-        count = int(np.prod(info["shape"], dtype=np.int64))
-    except (KeyError, TypeError, ValueError):
-        raise HeaderError(f"tensor '{name}' has a malformed header entry") from None
-    if not 0 <= start <= end <= body or end - start != count * itemsize:
-        raise HeaderError(f"tensor '{name}' lies outside the file or has inconsistent offsets (truncated?)")
 
 
 def fingerprint(keys) -> str | None:
@@ -105,8 +62,8 @@ def validate(path: str | Path) -> dict:
     if path.suffix.lower() != ".safetensors":
         return fail("not_safetensors", path.suffix or "(no suffix)")
     try:
-        entries, metadata = read_header(path)
-    except (OSError, HeaderError) as e:
+        entries, metadata, _ = read_safetensors_header(path)
+    except (OSError, CheckpointError) as e:
         return fail("unreadable", str(e))
     adapter_keys = [k for k in entries if ADAPTER_KEY_RE.search(k)]
     report["partial"] = {"num_keys": len(entries), "sample_keys": list(entries)[:8],
