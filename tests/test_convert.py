@@ -166,6 +166,7 @@ def test_same_checkpoint_fuses_weight_norm(tmp_path):
     assert {"bottleneck.scaling_factor", "bottleneck.bias", "bottleneck.running_std"} <= enc.keys()
     assert "bottleneck.running_std" in dec and "bottleneck.bias" not in dec
     assert not any("weight_g" in k or "weight_v" in k for k in list(enc) + list(dec))
+    assert (tmp_path / "out" / "model_config.json").is_file()
 
 
 def test_same_shape_table_matches_both_fixture_codecs():

@@ -99,9 +99,7 @@ def convert_sa3_folder(folder: Path, out_dir: Path, options: ConvertOptions) -> 
     text_folder = (folder / config.conditioner.prompt.encoder_path).resolve()
     if text_folder.is_dir():
         files.update(_t5gemma_files(text_folder, out_dir, options))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out_dir / "model_config.json") as tmp:
-        shutil.copyfile(folder / "model_config.json", tmp)
+    _copy_config(folder, out_dir)
     return _finish(out_dir, files, checkpoint, variant=config.variant, objective=config.objective)
 
 
@@ -111,7 +109,9 @@ def convert_same_folder(folder: Path, out_dir: Path, options: ConvertOptions) ->
     state = read_checkpoint(checkpoint, options.allow_pickle)
     if any(k.startswith("pretransform.model.") for k in state):
         state = dit_keys.split_sa3_state(state)[2]
-    return _finish(out_dir, _same_files(state, config, checkpoint, options), checkpoint, variant="same")
+    files = _same_files(state, config, checkpoint, options)
+    _copy_config(folder, out_dir)
+    return _finish(out_dir, files, checkpoint, variant="same")
 
 
 def convert_t5gemma_folder(folder: Path, out_dir: Path, options: ConvertOptions) -> dict:
@@ -210,6 +210,12 @@ def _t5gemma_files(folder: Path, out_dir: Path, options) -> dict:
             with atomic_path(text_dir / name) as tmp:
                 shutil.copyfile(folder / name, tmp)
     return {"t5gemma.npz": cast_floats(encoder, options.t5gemma_dtype)}
+
+
+def _copy_config(folder: Path, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out_dir / "model_config.json") as tmp:
+        shutil.copyfile(folder / "model_config.json", tmp)
 
 
 def _finish(out_dir: Path, files: dict[str, dict], source: Path, **info) -> dict:
