@@ -248,6 +248,10 @@ class ModelConfig:
     autoencoder: AutoencoderConfig
     conditioner: ConditionerConfig
     repo_id: str | None
+    distribution_shift: dict | None = None  # training shift options ({"type": "full", ...})
+    sampling_distribution_shift: dict | None = None  # inference shift options (None: LogSNR rate 0)
+    use_effective_length: bool = False  # shift length from the full seconds_total, not the crop
+    mask_padding_attention: bool = False
 
     @property
     def variant(self) -> str:
@@ -281,6 +285,10 @@ class ModelConfig:
                 _need(_need(model, "pretransform", f"{where}: model"), "config", f"{where}: pretransform")),
             conditioner=ConditionerConfig.from_dict(conditioning),
             repo_id=prompt.get("config", {}).get("repo_id"),
+            distribution_shift=diffusion.get("distribution_shift_options"),
+            sampling_distribution_shift=diffusion.get("sampling_distribution_shift_options"),
+            use_effective_length=bool(diffusion.get("use_effective_length_for_schedule", False)),
+            mask_padding_attention=bool(diffusion.get("mask_padding_attention", False)),
         )
 
     @classmethod

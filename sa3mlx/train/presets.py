@@ -1,0 +1,197 @@
+"""The one table of training presets, and `resolve(preset, overrides)` -> TrainConfig.
+
+Three conventions, each a complete set of defaults (adapter defaults live in `LoRAConfig`):
+
+- `underfit-dashboard` (default): what a run launched from underfit's dashboard uses — dora-rows
+  r16 with the dashboard excludes, trunc_logit_normal, AdamW lr 1e-4 betas (0.9, 0.95) wd 0.01,
+  InverseLR (inv_gamma 1e6, power 0.5, warm-up 0.995), clip 1.0, random inpainting masks
+  [segments 0.2, full 0.6, causal 0.2], batch 8.
+- `underfit-loop`: underfit's loop without the dashboard — uniform t, torch AdamW defaults (lr
+  has no default: give `lr`), no schedule, no clipping, all-ones inpaint mask with zero context
+  and the loss on the padding mask, batch 1.
+- `sa3-official`: the flags of SA3's `scripts/train_lora.py` — every layer adapted, trunc_logit_normal,
+  AdamW lr 1e-4 betas (0.9, 0.95) wd 0.01, no schedule, no clipping, masks [0.1, 0.8, 0.1],
+  `mask_padding_attention`, context loss weight 1.0, effective-length schedule, crop 380 s
+  (4091 latents), checkpoints every 500, full batches only.
+
+Every field can be overridden; an unknown key is an error naming the known ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields, replace
+
+from sa3mlx.data.prompts import PromptTemplate
+from sa3mlx.lora.config import LoRAConfig
+from sa3mlx.train.optim import SCHEDULES, make_schedule
+from sa3mlx.train.timesteps import check_sampler
+
+DEFAULT_PRESET = "underfit-dashboard"
+LOSS_NORMALIZATIONS = ("none", "timestep", "sample", "sample_channel")
+CROP_BY_FAMILY = {"small": 1300, "medium": 4096}  # underfit's registry defaults, in latents
+# left out of the resume fingerprint: a longer run resumes; max_minutes counts only under WSD
+NOT_FINGERPRINTED = ("max_steps", "max_minutes")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    # data
+    latent_crop_length: int | None = None  # None: the model family's default (CROP_BY_FAMILY)
+    random_crop: bool = True
+    batch_size: int = 1
+    drop_last: bool = False
+    seed: int = 42
+    prompts: PromptTemplate | None = None  # None: underfit's legacy tag prompt
+    # adapter
+    adapter: LoRAConfig = field(default_factory=LoRAConfig)
+    # objective
+    timestep_sampler: str = "uniform"
+    timestep_sampler_options: dict = field(default_factory=dict)
+    use_effective_length_for_schedule: bool | None = None  # None: as the model config says
+    cfg_dropout_prob: float = 0.1
+    inpaint_mask_probabilities: tuple[float, float, float] | None = None  # None: all-ones mask, zero context
+    mask_padding_attention: bool = False
+    mask_loss_weight: float = 0.0  # official kept-context term
+    padding_loss_weight: float = 0.0  # underfit's padding-term weight
+    loss_normalization: str = "none"
+    loss_norm_eps: float = 1e-6
+    # optimisation
+    lr: float | None = None
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    lr_schedule: str = "none"
+    lr_schedule_options: dict = field(default_factory=dict)
+    max_minutes: float | None = None  # wall-clock budget of the `wsd` schedule
+    grad_clip: float | None = None
+    grad_accum: int = 1
+    # run length and saving
+    max_steps: int = 20000  # absolute global step target
+    checkpoint_every: int = 1000
+    keep_last: int | None = None  # None: keep every checkpoint
+    max_nonfinite: int = 10  # non-finite losses in a row before stopping
+
+    def crop_length(self, variant: str) -> int:
+        """The crop in latents: explicit, else the model family's default."""
+        if self.latent_crop_length is not None:
+            return self.latent_crop_length
+        family = variant.split("-")[0]
+        if family not in CROP_BY_FAMILY:
+            raise ValueError(f"no default latent_crop_length for a '{variant}' model: set train.latent_crop_length")
+        return CROP_BY_FAMILY[family]
+
+    def as_dict(self) -> dict:
+        """Plain JSON-able values (nested configs as dicts, tuples as lists)."""
+        return _plain(dataclasses.asdict(self))
+
+    def fingerprint_dict(self) -> dict:
+        """What a resume must match: every field except the run length (and max_minutes unless WSD)."""
+        values = self.as_dict()
+        for name in NOT_FINGERPRINTED:
+            if name == "max_minutes" and self.lr_schedule == "wsd":
+                continue
+            values.pop(name)
+        return values
+
+
+_DASHBOARD_OPTIM = {"lr": 1e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.01}
+PRESETS: dict[str, dict] = {
+    "underfit-dashboard": {
+        **_DASHBOARD_OPTIM, "batch_size": 8, "timestep_sampler": "trunc_logit_normal",
+        "inpaint_mask_probabilities": (0.2, 0.6, 0.2), "lr_schedule": "inverse",
+        "lr_schedule_options": {"inv_gamma": 1e6, "power": 0.5, "warmup": 0.995, "final_lr": 0.0},
+        "grad_clip": 1.0,
+    },
+    "underfit-loop": {},  # the TrainConfig defaults are underfit's loop fallbacks
+    "sa3-official": {
+        **_DASHBOARD_OPTIM, "adapter": {"exclude": None}, "timestep_sampler": "trunc_logit_normal",
+        "inpaint_mask_probabilities": (0.1, 0.8, 0.1), "mask_padding_attention": True,
+        "mask_loss_weight": 1.0, "use_effective_length_for_schedule": True,
+        "latent_crop_length": (int(380.0 * 44100) // 4096), "checkpoint_every": 500, "max_steps": 10_000,
+        "drop_last": True,
+    },
+}
+
+
+def resolve(preset: str | None = None, overrides: dict | None = None) -> TrainConfig:
+    """The preset's defaults with `overrides` applied (nested `adapter` / `prompts` dicts merge)."""
+    name = preset or DEFAULT_PRESET
+    if name not in PRESETS:
+        raise ValueError(f"unknown train preset '{name}'; expected one of {', '.join(PRESETS)}")
+    values = dict(PRESETS[name])
+    overrides = dict(overrides or {})
+    for choice, options in (("lr_schedule", "lr_schedule_options"), ("timestep_sampler", "timestep_sampler_options")):
+        if choice in overrides and overrides[choice] != values.get(choice) and options not in overrides:
+            values.pop(options, None)  # another schedule / sampler: its own defaults, not the preset's options
+    for key, value in overrides.items():
+        if key in ("adapter", "prompts") and isinstance(value, dict) and isinstance(values.get(key), dict):
+            values[key] = {**values[key], **value}
+        else:
+            values[key] = value
+    known = {f.name for f in fields(TrainConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"unknown train setting(s) {unknown}; known: {sorted(known)}")
+    cfg = replace(TrainConfig(), **{k: _coerce(k, v) for k, v in values.items()})
+    validate(cfg, name)
+    return cfg
+
+
+def _coerce(key: str, value):
+    if key == "adapter":
+        if isinstance(value, LoRAConfig):
+            return value
+        value = dict(value or {})
+        for k in ("include", "exclude"):
+            if isinstance(value.get(k), list):
+                value[k] = tuple(value[k])
+        return LoRAConfig(**value)
+    if key == "prompts":
+        return value if value is None or isinstance(value, PromptTemplate) else PromptTemplate.from_dict(value)
+    if key in ("betas", "inpaint_mask_probabilities") and value is not None:
+        return tuple(float(v) for v in value)
+    if key in ("timestep_sampler_options", "lr_schedule_options"):
+        return dict(value or {})
+    return value
+
+
+def validate(cfg: TrainConfig, preset: str = "") -> None:
+    where = f"train ({preset})" if preset else "train"
+    if cfg.lr is None:
+        raise ValueError(f"{where}: lr is required (this preset, like underfit's loop, has no default)")
+    check_sampler(cfg.timestep_sampler, cfg.timestep_sampler_options)
+    if cfg.lr_schedule not in SCHEDULES:
+        raise ValueError(f"{where}: unknown lr_schedule '{cfg.lr_schedule}'; expected one of {', '.join(SCHEDULES)}")
+    options = dict(cfg.lr_schedule_options)
+    if cfg.lr_schedule == "wsd":
+        if not cfg.max_minutes:
+            raise ValueError(f"{where}: lr_schedule wsd needs max_minutes")
+        options["max_minutes"] = cfg.max_minutes
+    make_schedule(cfg.lr_schedule, cfg.lr, options)
+    if cfg.loss_normalization not in LOSS_NORMALIZATIONS:
+        raise ValueError(f"{where}: unknown loss_normalization '{cfg.loss_normalization}'; "
+                         f"expected one of {', '.join(LOSS_NORMALIZATIONS)}")
+    probs = cfg.inpaint_mask_probabilities
+    if probs is not None and (len(probs) != 3 or min(probs) < 0 or sum(probs) <= 0):
+        raise ValueError(f"{where}: inpaint_mask_probabilities must be 3 non-negative weights "
+                         f"[segments, full, causal], got {list(probs)}")
+    for name in ("batch_size", "grad_accum", "max_steps", "checkpoint_every", "max_nonfinite"):
+        if int(getattr(cfg, name)) < 1:
+            raise ValueError(f"{where}: {name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.latent_crop_length is not None and cfg.latent_crop_length < 1:
+        raise ValueError(f"{where}: latent_crop_length must be >= 1")
+    if not 0.0 <= cfg.cfg_dropout_prob <= 1.0:
+        raise ValueError(f"{where}: cfg_dropout_prob must be in [0, 1]")
+    if cfg.grad_clip is not None and cfg.grad_clip < 0:
+        raise ValueError(f"{where}: grad_clip must be >= 0 (0 or null: off)")
+    if cfg.keep_last is not None and cfg.keep_last < 1:
+        raise ValueError(f"{where}: keep_last must be >= 1 or null")
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
