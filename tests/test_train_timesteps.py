@@ -5,6 +5,7 @@ import pytest
 
 from sa3mlx.parity.compare import compare
 from sa3mlx.parity.fixture import Fixture
+from sa3mlx.sample.shifts import make_shift
 from sa3mlx.train import timesteps as ts
 
 from conftest import FIXTURES
@@ -36,7 +37,7 @@ def _check(fx, group, value):
 def _shift_value(fx, group):
     params = fx.params(FILE, group)
     refs = fx.inputs(FILE, group)
-    shift = ts.training_shift(params["dist_shift"])
+    shift = make_shift(params["dist_shift"])
     t, lengths = fx.load(refs["t_grid"]), fx.load(refs["seq_lens"])
     if group.endswith("_scalar"):
         return np.stack([shift.shift(t, int(n)) for n in lengths])
@@ -108,11 +109,11 @@ def test_unknown_names_are_clear_errors():
     with pytest.raises(ValueError, match="no option"):
         ts.sample_timesteps("log_snr", 2, np.random.default_rng(0), {"mean": 1})
     with pytest.raises(ValueError, match="unknown distribution shift"):
-        ts.training_shift({"type": "cosine"})
+        make_shift({"type": "cosine"})
 
 
 def test_full_shift_closed_form_and_effective_length():
-    shift = ts.training_shift({"type": "full", "min_length": 256, "max_length": 4096})
+    shift = make_shift({"type": "full", "min_length": 256, "max_length": 4096})
     t = np.linspace(0.05, 0.95, 7, dtype=np.float32)
     for length in (100, 1300, 9000):
         clamped = min(max(length, 256), 4096)
@@ -121,5 +122,5 @@ def test_full_shift_closed_form_and_effective_length():
     # seconds_total is the full song, not the crop; without the flag the crop length is used
     assert ts.schedule_seq_len([180.0], 1300, True).tolist() == [1938.0]
     assert ts.schedule_seq_len([180.0], 1300, False) == 1300
-    assert ts.training_shift(None) is None
-    assert np.array_equal(ts.shift_timesteps(t, ts.training_shift({"type": "none"}), 10), t)
+    assert make_shift(None) is None
+    assert np.array_equal(ts.shift_timesteps(t, make_shift({"type": "none"}), 10), t)

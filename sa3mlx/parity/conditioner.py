@@ -2,8 +2,7 @@
 end-to-end assembly of `conditioner/`.
 
 The prompt keys (`prompt_t5_last_hidden_state`, `prompt_embedding`, end-to-end
-`cross_attn_cond`) need the T5Gemma encoder: `prompt_hidden_states` is the one place that
-plugs it in; while it returns None those keys are reported as not computed.
+`cross_attn_cond`) run the fixture's T5Gemma encoder through the `t5gemma` kind's helpers.
 """
 
 from __future__ import annotations
@@ -17,6 +16,8 @@ from sa3mlx.models.conditioning import COND_PREFIX, Conditioner
 from sa3mlx.models.fourier import expo_frequencies
 from sa3mlx.parity.fixture import Fixture
 from sa3mlx.parity.registry import register
+from sa3mlx.parity.t5gemma import conditioner_prompt_hidden_states as prompt_hidden_states
+from sa3mlx.parity.t5gemma import fixture_ref, prompt_t5_last_hidden_state
 
 FILE = "expected.npz"
 
@@ -32,11 +33,6 @@ def make_conditioner(weights: dict, cond_dim: int, min_val: float, max_val: floa
     cond = Conditioner(cond_dim, min_val, max_val)
     cond.load_weights(list(weights.items()), strict=True)
     return cond
-
-
-def prompt_hidden_states(fixture: Fixture, input_ids: np.ndarray, attention_mask: np.ndarray):
-    """T5Gemma last_hidden_state [B,N,768] for the prompt groups; None until the encoder lands."""
-    return None
 
 
 def _seconds_groups(fixture: Fixture, weights: dict) -> dict[str, np.ndarray]:
@@ -66,14 +62,17 @@ def _end_to_end(fixture: Fixture, cond: Conditioner) -> dict[str, np.ndarray]:
     mask = fixture.load(refs["attention_mask"].split()[0]).astype(bool)
     seconds = fixture.load(refs["seconds_total"])
     hidden = prompt_hidden_states(fixture, ids, mask)
-    known = hidden is not None
-    if not known:  # stand-in prompt tokens: global_cond and the mask do not depend on them
-        hidden = np.zeros((*ids.shape, cond.padding_embedding.shape[0]), np.float32)
     inputs = cond.assemble(mx.array(hidden), mx.array(mask), seconds)
-    out = {"global_cond": np.array(inputs.global_cond), "cross_attn_mask": np.array(inputs.cross_attn_mask)}
-    if known:
-        out["cross_attn_cond"] = np.array(inputs.cross_attn_cond)
-    return out
+    return {"global_cond": np.array(inputs.global_cond), "cross_attn_mask": np.array(inputs.cross_attn_mask),
+            "cross_attn_cond": np.array(inputs.cross_attn_cond)}
+
+
+def _prompt_groups(fixture: Fixture, cond: Conditioner) -> dict[str, np.ndarray]:
+    hidden = prompt_t5_last_hidden_state(fixture, FILE)
+    mask_ref = fixture_ref(fixture.inputs(FILE, "prompt_embedding")["attention_mask"])
+    mask = fixture.load(mask_ref).astype(bool)
+    embedding = cond.apply_padding(mx.array(hidden), mx.array(mask))
+    return {"prompt_t5_last_hidden_state": hidden, "prompt_embedding": np.array(embedding)}
 
 
 @register("conditioner")
@@ -83,5 +82,6 @@ def run(fixture: Fixture) -> dict[str, dict[str, np.ndarray]]:
                             params["seconds_max_val"])
     out = _seconds_groups(fixture, weights)
     out["apply_padding_out"] = _apply_padding(fixture, cond)
+    out.update(_prompt_groups(fixture, cond))
     out.update(_end_to_end(fixture, cond))
     return {FILE: out}

@@ -1,9 +1,10 @@
-"""Parity kind `schedules`: timestep shifts and sampling schedules of `schedules/`.
+"""Parity kind `schedules`: timestep shifts, sampling schedules and the training-timestep
+transforms of `schedules/`.
 
-Computed: every group whose shift type is in SHIFTS (the log-SNR sampling shift, any rate)
-or that has no shift (`dist_shift: null`). The training shifts (`DistributionShift`,
-`FluxDistributionShift`) and the timestep-sampler transforms join SHIFTS / this runner
-with the trainer; until then their keys are reported as not computed.
+Shift groups name their shift in `params.dist_shift` (official class names; None = no shift);
+`build_schedule` groups build an inference schedule with it; the remaining groups apply one
+transform (a timestep sampler, the effective length, the log-SNR conditioning value) to the
+draws or values the fixture stores.
 """
 
 from __future__ import annotations
@@ -12,22 +13,21 @@ import numpy as np
 
 from sa3mlx.parity.fixture import Fixture
 from sa3mlx.parity.registry import register
-from sa3mlx.sample.schedule import LogSNRShift, build_schedule
+from sa3mlx.sample.schedule import build_schedule
+from sa3mlx.sample.shifts import make_shift
+from sa3mlx.train import timesteps
 
 FILE = "expected.npz"
-SHIFTS = {"LogSNRShift": LogSNRShift.from_dict}  # official class name -> constructor from its params
-
-
-class _Unsupported(Exception):
-    pass
-
-
-def _shift(spec):
-    if spec is None:
-        return None
-    if spec.get("type") not in SHIFTS:
-        raise _Unsupported(spec.get("type"))
-    return SHIFTS[spec["type"]](spec)
+# group/key -> the transform of its single stored input
+TRANSFORMS = {
+    "trunc_logit_normal_raw": timesteps.trunc_logit_normal_raw,
+    "trunc_logit_normal_t": timesteps.trunc_logit_normal_t,
+    "logit_normal_t": timesteps.logit_normal_t,
+    "log_snr_t": timesteps.log_snr_t,
+    "log_snr_uniform_t": timesteps.log_snr_uniform_t,
+    "effective_seq_len": timesteps.effective_seq_len,
+    "logsnr_cond": timesteps.t_to_logsnr_cond,
+}
 
 
 def _shift_group(fixture: Fixture, group: str, shift, params: dict) -> np.ndarray:
@@ -40,7 +40,7 @@ def _shift_group(fixture: Fixture, group: str, shift, params: dict) -> np.ndarra
         return shift.shift(t[: params["n"]], lengths)
     if group.endswith("_tensor"):
         return shift.shift(t, lengths)
-    raise _Unsupported(group)
+    raise ValueError(f"{fixture.dir}: shift group '{group}' has no known layout")
 
 
 def _schedule_group(shift, params: dict) -> np.ndarray:
@@ -50,19 +50,28 @@ def _schedule_group(shift, params: dict) -> np.ndarray:
                           include_endpoint=params.get("include_endpoint", True))
 
 
+def _transform_group(fixture: Fixture, group: str, params: dict) -> np.ndarray:
+    (ref,) = fixture.inputs(FILE, group).values()
+    values = fixture.load(ref)
+    options = {k: v for k, v in params.items() if k not in ("n", "dtype")}
+    if "n" in params:
+        values = values[: params["n"]]
+    return TRANSFORMS[group](values, **options)
+
+
 @register("schedules")
 def run(fixture: Fixture) -> dict[str, dict[str, np.ndarray]]:
     out = {}
     for group, spec in fixture.groups(FILE).items():
         params = fixture.params(FILE, group)
-        if "dist_shift" not in params:
-            continue  # timestep samplers and conditioning helpers: the trainer's groups
-        try:
-            shift = _shift(params["dist_shift"])
+        if "dist_shift" in params:
+            shift = make_shift(params["dist_shift"])
             is_schedule = spec.get("call", "").startswith("build_schedule")
             value = _schedule_group(shift, params) if is_schedule else _shift_group(fixture, group, shift, params)
-        except _Unsupported:
+        elif group in TRANSFORMS:
+            value = _transform_group(fixture, group, params)
+        else:
             continue
         (key,) = spec["keys"]
-        out[key] = value.astype(np.float32)
+        out[key] = np.asarray(value, np.float32)
     return {FILE: out}
