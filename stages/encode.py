@@ -1,0 +1,46 @@
+"""DVC stage `encode`: data/normalized/ -> data/latents/ (SAME latents + sidecars), incremental.
+
+    python stages/encode.py [--shard i/n]
+
+`--shard` overrides `encode.shard` so several processes (or hosts sharing data/encode_cache)
+can split a corpus; a final unsharded run then assembles data/latents/ from the cache.
+"""
+
+import argparse
+import sys
+
+import sa3mlx  # noqa: F401  (BLAS set-up first, as in every stage)
+
+from sa3mlx.data.encode import Codec, EncodeOptions, encode_dir
+from sa3mlx.runtime.params import load_params
+
+NORMALIZED, LATENTS, CACHE = "data/normalized", "data/latents", "data/encode_cache"
+
+
+def main() -> int:
+    sys.stdout.reconfigure(errors="backslashreplace", line_buffering=True)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shard", help="i/n: encode only this share of the files")
+    args = parser.parse_args()
+    params = load_params("encode")
+    if args.shard is not None:
+        params["shard"] = args.shard
+    options = EncodeOptions.from_params(params)
+    model = load_params("model")["base"]
+    codec = Codec.open(f"models/converted/{model}")
+    share = f", shard {options.shard}" if options.shard else ""
+    print(f"encode: {NORMALIZED} -> {LATENTS} with the SAME encoder of {model} (fp32; chunks of "
+          f"{options.chunk_latents} latents, overlap {options.overlap}, above {options.chunk_above_seconds:g} s; "
+          f"cache {CACHE}{share})")
+    summary = encode_dir(NORMALIZED, LATENTS, CACHE, codec, options, model)
+    print(f"encode: {summary.total - len(summary.errors)} files, {summary.seconds_total:.1f} s of audio in {LATENTS}")
+    if options.shard:
+        print("encode: one shard only; an unsharded run assembles all latents from the cache")
+    for error in summary.errors:
+        print(f"encode: error: {error['path']}: {error['error']}", file=sys.stderr)
+    print(summary.line())
+    return 1 if summary.errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
