@@ -47,6 +47,14 @@ def _lora_validate(args) -> int:
     return validate_main([args.file])
 
 
+def _lora_merge(args) -> int:
+    from sa3mlx.lora.merge import MLX_MERGE_RULE, TORCH_SEMANTICS, merge_files
+
+    rule = MLX_MERGE_RULE if args.mlx_strength_rule else TORCH_SEMANTICS
+    merge_files(args.base, args.lora, args.out, rule, args.svd_dir)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sa3mlx", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -70,18 +78,29 @@ def build_parser() -> argparse.ArgumentParser:
     val = lora.add_parser("validate", help="check an adapter file against underfit's upload contract")
     val.add_argument("file")
     val.set_defaults(run=_lora_validate)
+    merge = lora.add_parser("merge", help="merge adapters into a converted dit.npz (loads like the base)")
+    merge.add_argument("--base", required=True, help="converted DiT, e.g. models/converted/<base>/dit.npz")
+    merge.add_argument("--lora", required=True, action="append", metavar="FILE[:STRENGTH]",
+                       help="SA3 adapter .safetensors or PEFT folder, strength 1 by default; repeat to sum adapters")
+    merge.add_argument("--svd-dir", help="svd stage output (models/svd/<base>) for -xs adapters; "
+                       "without it their bases are recomputed from --base")
+    merge.add_argument("--mlx-strength-rule", action="store_true",
+                       help="official MLX merge rule W0 + s·(merged − W0) instead of torch's live semantics")
+    merge.add_argument("--out", required=True, help="merged .npz")
+    merge.set_defaults(run=_lora_merge)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     from sa3mlx.convert.checkpoint import CheckpointError
+    from sa3mlx.lora.layers import LoRAShapeError
     from sa3mlx.models.config import ConfigError
     from sa3mlx.parity.registry import ParityError
 
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (CheckpointError, ConfigError, ParityError, FileNotFoundError) as e:
+    except (CheckpointError, ConfigError, ParityError, FileNotFoundError, LoRAShapeError) as e:
         print(f"sa3mlx {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -110,12 +110,16 @@ class AdaptedLayer(nn.Module):
         return self.weight_from_2d(w2)
 
     def __call__(self, x: mx.array) -> mx.array:
-        if self.kind.directional and self.strength == 0:
-            y = self.apply(x, self.weight.astype(compute_dtype(self.weight.dtype)))
-        elif self.materialize or not self.has_fast_form():
-            y = self.apply(x, self.effective_weight())
-        else:
-            y = self.apply_unmaterialized(x)
+        # strength 0 is the base weight itself for every type (exact for LoRA/-xs too: W + 0·Δ = W)
+        if self.strength == 0:
+            return self.apply_with_bias(x, self.weight.astype(compute_dtype(self.weight.dtype)))
+        if self.materialize or not self.has_fast_form():
+            return self.apply_with_bias(x, self.effective_weight())
+        y = self.apply_unmaterialized(x)
+        return y + self.bias if "bias" in self else y
+
+    def apply_with_bias(self, x: mx.array, weight: mx.array) -> mx.array:
+        y = self.apply(x, weight)
         return y + self.bias if "bias" in self else y
 
     def apply_unmaterialized(self, x: mx.array) -> mx.array:
@@ -145,6 +149,17 @@ class AdaptedLayer(nn.Module):
 
 
 class LoRALinear(AdaptedLayer):
+    def __init__(self, base: nn.Module, *args, fused_bias: bool = True, **kwargs):
+        super().__init__(base, *args, **kwargs)
+        # nn.Linear adds its bias inside the matmul (addmm), whose rounding differs from x@Wᵀ + b;
+        # keep the base's own form so that strength 0 reproduces it bit for bit
+        self.fused_bias = fused_bias
+
+    def apply_with_bias(self, x: mx.array, weight: mx.array) -> mx.array:
+        if "bias" in self and self.fused_bias:
+            return mx.addmm(self.bias, x, weight.T)
+        return super().apply_with_bias(x, weight)
+
     def weight_2d(self) -> mx.array:
         return self.weight
 

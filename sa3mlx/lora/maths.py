@@ -16,6 +16,22 @@ from sa3mlx.runtime.precision import compute_dtype
 NORM_EPS = 1e-12
 
 
+def mlx_weight_to_2d(weight):
+    """An MLX Linear (out, in) or Conv1d (out, k, in) weight (mx or numpy) as torch's 2-D adapter view
+    (out, in·k), input-channel-major."""
+    if weight.ndim == 2:
+        return weight
+    return weight.transpose(0, 2, 1).reshape(weight.shape[0], -1)
+
+
+def mlx_weight_from_2d(w2, shape: tuple):
+    """Inverse of mlx_weight_to_2d for an MLX weight of `shape`."""
+    if len(shape) == 2:
+        return w2
+    out, taps, inp = shape
+    return w2.reshape(out, inp, taps).transpose(0, 2, 1)
+
+
 def low_rank_factors(kind: AdapterKind, p: dict[str, mx.array]) -> tuple[mx.array, mx.array]:
     """(left (fan_out, r), right (r, fan_in)) with Δ = left @ right: B, A or U·M_xs, Vᵀ."""
     if kind.xs:

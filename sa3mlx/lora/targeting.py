@@ -9,7 +9,8 @@ import itertools
 import re
 from dataclasses import dataclass
 
-from sa3mlx.convert.dit import COND_PREFIX, dit_key_to_mlx, dit_key_to_torch, torch_cond_shapes, torch_dit_shapes
+from sa3mlx.convert.dit import (COND_KEYS, COND_PREFIX, dit_key_to_mlx, dit_key_to_torch, torch_cond_shapes,
+                                torch_dit_shapes)
 from sa3mlx.lora.config import LoRAConfig
 from sa3mlx.lora.types import adapter_kind
 from sa3mlx.models.config import DiTConfig
@@ -98,6 +99,17 @@ def mlx_module_path(name: str) -> str | None:
     return dit_key_to_mlx(name[len(DIT_ROOT):] + ".weight").removesuffix(".weight")
 
 
+def npz_weight_key(name: str) -> str:
+    """The dit.npz key of a checkpoint-convention layer's weight (`cond.seconds_total_weight` for
+    the seconds embedder)."""
+    if name.startswith(DIT_ROOT):
+        return mlx_module_path(name) + ".weight"
+    torch_key = "conditioner." + name + ".weight"
+    if torch_key not in COND_KEYS:
+        raise KeyError(f"'{name}' is not a layer of an SA3 DiT or conditioner")
+    return COND_KEYS[torch_key]
+
+
 def checkpoint_name(mlx_path: str) -> str:
     """Inverse of mlx_module_path for DiT layers."""
     return DIT_ROOT + dit_key_to_torch(mlx_path + ".weight").removesuffix(".weight")
@@ -117,6 +129,9 @@ def count_adapter(layers: list[AdaptableLayer], cfg: LoRAConfig) -> tuple[int, i
 
 
 def summary_line(layers: list[AdaptableLayer], cfg: LoRAConfig) -> str:
-    n_layers, n_keys, n_params = count_adapter(layers, cfg)
+    return format_summary(cfg, *count_adapter(layers, cfg))
+
+
+def format_summary(cfg: LoRAConfig, n_layers: int, n_keys: int, n_params: int) -> str:
     return (f"{cfg.adapter_type} rank {cfg.rank} alpha {cfg.resolved_alpha:g}: "
             f"{n_layers} layers, {n_keys} keys, {n_params:,} parameters")

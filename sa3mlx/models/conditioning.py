@@ -39,7 +39,11 @@ class DiTInputs:
 
 
 class Conditioner(nn.Module):
-    """Holds `padding_embedding`, `seconds_total_weight`, `seconds_total_bias` (dit.npz `cond.*`)."""
+    """Holds `padding_embedding`, `seconds_total_weight`, `seconds_total_bias` (dit.npz `cond.*`).
+
+    An optional child module `seconds_linear` (set by the caller, e.g. an adapter wrapping the
+    same weight and bias) replaces the plain seconds Linear when present.
+    """
 
     def __init__(self, cond_dim: int = 768, min_seconds: float = 0.0, max_seconds: float = 384.0):
         super().__init__()
@@ -64,6 +68,8 @@ class Conditioner(nn.Module):
     def seconds_embedding(self, seconds) -> mx.array:
         """[K] seconds -> [K, 1, cond_dim]."""
         features = self.seconds_features(seconds).astype(self.seconds_total_weight.dtype)
+        if "seconds_linear" in self:
+            return self.seconds_linear(features)[:, None, :]
         return (features @ self.seconds_total_weight.T + self.seconds_total_bias)[:, None, :]
 
     def apply_padding(self, hidden: mx.array, mask: mx.array) -> mx.array:

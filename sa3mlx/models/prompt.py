@@ -24,7 +24,9 @@ from sa3mlx.runtime.io import sha256_file
 
 WEIGHTS_FILE = "t5gemma.npz"
 TEXT_FOLDER = "t5gemma"
-ENCODE_BATCH = 16  # prompts per encoder call on cache misses
+# Misses are encoded one prompt per call: batched GEMMs round differently with the batch
+# composition, and a prompt's embedding must not depend on its neighbours (bit-exact resume).
+ENCODE_BATCH = 1
 
 
 class PromptEncoder:

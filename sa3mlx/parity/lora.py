@@ -1,6 +1,6 @@
 """Parity kind `lora`: the per-layer adapter fixtures, the legacy-DoRA extra check, the
-include/exclude examples and the tiny DiT's adapted-layer list. (`dit_expected.npz` needs the
-DiT port and is not computed here yet.)"""
+include/exclude examples, the tiny DiT's adapted-layer list, and the adapted tiny DiT
+(`dit_expected.npz`: DiT-only and end-to-end through the adapted conditioner, per strength)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,23 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from sa3mlx.convert.dit import dit_tensor_to_mlx
-from sa3mlx.lora.checkpoint import read_lora
+from sa3mlx.convert.checkpoint import read_safetensors
+from sa3mlx.convert.dit import dit_tensor_to_mlx, dit_to_mlx, split_sa3_state
+from sa3mlx.lora.checkpoint import apply_lora, read_lora
 from sa3mlx.lora.config import LoRAConfig
+from sa3mlx.lora.inject import inject_adapters, set_strength
 from sa3mlx.lora.layers import AdaptedLayer, wrap
 from sa3mlx.lora.svd import svd_bases
 from sa3mlx.lora.targeting import adaptable_layers, expand, matches_any, select_layers
+from sa3mlx.models.conditioning import Conditioner, build_dit
 from sa3mlx.models.config import ModelConfig
 from sa3mlx.parity.compare import compare
 from sa3mlx.parity.fixture import Fixture
 from sa3mlx.parity.registry import THRESHOLDS_DB, ParityError, register
+from sa3mlx.parity.t5gemma import conditioner_prompt_hidden_states
 
 STRENGTH_GROUPS = ("s1", "s05", "s0")
+DIT_FILE = "dit_expected.npz"
 
 
 @register("lora")
@@ -30,6 +35,8 @@ def run(fixture: Fixture, materialize: bool = True) -> dict[str, dict]:
             outputs[file] = layer_outputs(fixture, file, materialize)
     outputs["include_exclude_examples.json"] = include_exclude_examples(fixture)
     outputs["dit_lora_layers.json"] = dit_lora_layers(fixture)
+    if DIT_FILE in fixture.expected_files():
+        outputs[DIT_FILE] = dit_outputs(fixture, materialize)
     failed = [f"{key} ({c.psnr_db:.1f} dB)" for key, c in extra_checks(fixture, materialize)
               if not c.passes(THRESHOLDS_DB["lora"])]
     if failed:
@@ -160,3 +167,67 @@ def _run_linear(layer: nn.Module, x: np.ndarray) -> np.ndarray:
 def _run_conv(layer: nn.Module, x: np.ndarray) -> np.ndarray:
     """Fixture inputs are channels-first (B, C, L); MLX convs are channels-last."""
     return np.array(layer(mx.array(x).transpose(0, 2, 1))).transpose(0, 2, 1)
+
+
+def _lora_config(params: dict) -> LoRAConfig:
+    return LoRAConfig(adapter_type=params["adapter_type"], rank=params["rank"], alpha=params["alpha"],
+                      include=params["include"], exclude=params["exclude"])
+
+
+def adapted_fixture_dit(fixture: Fixture, materialize: bool = True):
+    """(DiT, Conditioner, adapters) of `dit_expected.npz`: the base model in fp32, adapters added
+    with the file's params on DiT and conditioner, the checkpoint's tensors loaded."""
+    refs, params = fixture.inputs(DIT_FILE), fixture.params(DIT_FILE)
+    if params.get("lora_layer_filter"):
+        raise ParityError(f"{fixture.dir}: lora_layer_filter '{params['lora_layer_filter']}' is not supported")
+    if params.get("cfg_scale", 1.0) != 1.0:
+        raise ParityError(f"{fixture.dir}: {DIT_FILE} with CFG is not supported (one conditional pass only)")
+    config = ModelConfig.load(fixture.path(refs["config"]))
+    state, _ = read_safetensors(fixture.path(refs["base_weights"]))
+    dit_state, cond_state, _ = split_sa3_state(state)
+    dit, cond = build_dit(dit_to_mlx(dit_state, cond_state), config.dit, Conditioner.from_config(config.conditioner),
+                          mx.float32)
+    layers = inject_adapters(dit, cond, _lora_config(params), materialize=materialize, announce=False)
+    apply_lora(read_lora(fixture.path(refs["adapters"])), layers)  # like load_state_dict(strict=False)
+    return dit, cond, layers
+
+
+def dit_outputs(fixture: Fixture, materialize: bool = True) -> dict[str, np.ndarray]:
+    dit, cond, layers = adapted_fixture_dit(fixture, materialize)
+    out, hidden = {}, {}
+    for group, spec in fixture.groups(DIT_FILE).items():
+        inputs, params = fixture.inputs(DIT_FILE, group), fixture.params(DIT_FILE, group)
+        set_strength(layers, params["lora_strength"])
+        if "cross_attn_cond" in inputs:  # DiT only, base conditioning tensors
+            values = [_dit_velocity(fixture, dit, layers, inputs, params, fixture.load(inputs["cross_attn_cond"]),
+                                    fixture.load(inputs["global_cond"]))]
+        else:
+            conditioning = _adapted_conditioning(fixture, cond, group, inputs, hidden)
+            values = conditioning if "x" not in inputs else [
+                _dit_velocity(fixture, dit, layers, inputs, params, *conditioning)]
+        out.update(zip(spec["keys"], values))
+    return out
+
+
+def _adapted_conditioning(fixture: Fixture, cond: Conditioner, group: str, inputs: dict,
+                          cache: dict) -> list[np.ndarray]:
+    """[cross_attn_cond, global_cond] assembled by the (adapted) conditioner."""
+    ids = fixture.load(inputs["prompt_input_ids"])
+    mask = fixture.load(inputs["prompt_attention_mask"]).astype(bool)
+    cache_key = (inputs["prompt_input_ids"], inputs["prompt_attention_mask"], inputs["t5gemma"])
+    if cache_key not in cache:  # the prompt encoder has no adapters: same for every strength
+        cache[cache_key] = conditioner_prompt_hidden_states(fixture, ids, mask, DIT_FILE, group)
+    assembled = cond.assemble(mx.array(cache[cache_key]), mx.array(mask), fixture.load(inputs["seconds_total"]))
+    return [np.array(assembled.cross_attn_cond), np.array(assembled.global_cond)]
+
+
+def _dit_velocity(fixture: Fixture, dit, layers: dict, inputs: dict, params: dict, cross_attn_cond,
+                  global_cond) -> np.ndarray:
+    t = fixture.load(inputs["t"])
+    low, high = params.get("lora_interval", (0.0, 1.0))
+    if not low <= float(t[0]) <= high:  # the official forward disables every adapter: W itself
+        set_strength(layers, 0.0)
+    v = dit(mx.array(fixture.load(inputs["x"])), mx.array(t), mx.array(cross_attn_cond), mx.array(global_cond),
+            mx.array(fixture.load(inputs["local_add_cond"])))
+    set_strength(layers, params["lora_strength"])
+    return np.array(v)
