@@ -18,7 +18,7 @@ from sa3mlx.convert.model import convert_source
 from sa3mlx.data import encode as enc
 from sa3mlx.data.encode import Codec, EncodeOptions, encode_dir, parse_shard
 from sa3mlx.models.same_chunked import encode_long
-from test_pipeline import PROJECT_FILES, run
+from dvc_project import make_project, run
 
 RATE = 44100
 SIDECAR_KEYS = ["path", "relpath", "src_relpath", "seconds_total", "seconds_start", "audio_samples",
@@ -221,14 +221,7 @@ def test_options_are_checked():
 
 
 def test_dvc_repro_encodes_only_the_new_file(tmp_path):
-    for name in PROJECT_FILES:
-        src, dst = ROOT / name, tmp_path / name
-        if src.is_dir():
-            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copyfile(src, dst)
-    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"]):
-        run(cmd, tmp_path)
+    make_project(tmp_path)
     first = run(["dvc", "repro", "encode"], tmp_path)
     assert re.search(r"Done in .+?: 8 encoded, 0 skipped, 0 errors", first)
     assert len(list((tmp_path / "data" / "latents").rglob("*.npy"))) == 8

@@ -28,11 +28,17 @@ def test_exact_comparisons_for_bool_int_and_json():
     assert not compare("x", np.ones(3, np.float32), np.array([1, np.nan, 1], np.float32)).passes(0)
 
 
-def test_unknown_and_unimplemented_kinds_are_clear():
+def test_unknown_and_unimplemented_kinds_are_clear(monkeypatch):
     with pytest.raises(registry.ParityError, match="unknown parity kind 'nope'"):
         registry.runner_for("nope")
+    monkeypatch.setitem(registry.THRESHOLDS_DB, "future_kind", 60.0)
     with pytest.raises(registry.ParityError, match="no implementation yet"):
-        registry.runner_for("train_step")
+        registry.runner_for("future_kind")
+
+
+def test_every_kind_has_a_runner():
+    for kind in registry.THRESHOLDS_DB:
+        assert callable(registry.runner_for(kind))
 
 
 @pytest.fixture

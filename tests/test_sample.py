@@ -86,3 +86,15 @@ def test_inpainting_pastes_kept_frames_back():
     kept = np.array(keep, bool)[0]
     assert np.array_equal(out[..., kept], np.array(init)[..., kept])
     assert not np.allclose(out[..., ~kept], np.array(init)[..., ~kept])
+
+
+def test_random_noise_is_keyed_per_step_whatever_the_call_order():
+    import mlx.core as mx
+    from sa3mlx.sample.samplers import random_noise
+
+    forward, shuffled = random_noise(mx.random.key(3)), random_noise(mx.random.key(3))
+    in_order = [np.array(forward(i, (4,), mx.float32)) for i in range(3)]
+    out_of_order = {i: np.array(shuffled(i, (4,), mx.float32)) for i in (2, 0, 1)}
+    for i in range(3):
+        np.testing.assert_array_equal(in_order[i], out_of_order[i])
+    assert not np.array_equal(in_order[0], in_order[1])

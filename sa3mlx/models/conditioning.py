@@ -138,6 +138,7 @@ def build_dit(arrays: dict, config: DiTConfig, conditioner: Conditioner,
     dit = DiT(config)
     dit.load_weights([(k, cast(k, v)) for k, v in dit_arrays.items()], strict=True)
     conditioner.load_weights([(k, cast(k, v)) for k, v in cond_arrays.items()], strict=True)
+    mx.eval(dit.parameters(), conditioner.parameters())  # read the file now, not lazily later
     dit.eval()
     conditioner.eval()
     return dit, conditioner

@@ -43,8 +43,10 @@ class ContinuousTransformer(nn.Module):
                        for _ in range(cfg.depth)]
 
     def __call__(self, x: mx.array, context: mx.array, global_embed: mx.array,
-                 local_cond: mx.array | None, capture: dict | None = None) -> mx.array:
-        """x [B,T,C] -> [B,T,C]; memory tokens first, RoPE positions count them from 0."""
+                 local_cond: mx.array | None, capture: dict | None = None,
+                 padding_mask: mx.array | None = None) -> mx.array:
+        """x [B,T,C] -> [B,T,C]; memory tokens first, RoPE positions count them from 0.
+        padding_mask [B,T] (True = real): the memory tokens are prepended as valid."""
         B = x.shape[0]
         h = self.project_in(x)
         memory = mx.broadcast_to(self.memory_tokens[None].astype(h.dtype), (B, *self.memory_tokens.shape))
@@ -52,8 +54,12 @@ class ContinuousTransformer(nn.Module):
         adaln = self.global_cond_embedder[2](nn.silu(self.global_cond_embedder[0](global_embed)))
         rope = self.rotary_pos_emb.tables(h.shape[1])
         _put(capture, project_in_out=h[:, self.num_memory_tokens:], adaln_cond=adaln)
+        key_mask = None
+        if padding_mask is not None:
+            memory_valid = mx.ones((B, self.num_memory_tokens), dtype=mx.bool_)
+            key_mask = mx.concatenate([memory_valid, padding_mask.astype(mx.bool_)], axis=1)
         for i, layer in enumerate(self.layers):
-            h = layer(h, context, adaln, rope, local_cond)
+            h = layer(h, context, adaln, rope, local_cond, key_mask)
             _put(capture, **{f"block_{i}_out": h})
         out = self.project_out(h[:, self.num_memory_tokens:])
         _put(capture, project_out_out=out)
@@ -78,8 +84,11 @@ class DiT(nn.Module):
         return self.transformer.project_in.weight.dtype
 
     def __call__(self, x: mx.array, t: mx.array, cross_attn_cond: mx.array, global_cond: mx.array,
-                 local_add_cond: mx.array | None = None, capture: dict | None = None) -> mx.array:
-        """Velocity [B,C,T]. `capture`, if given, receives the intermediates of the fixtures."""
+                 local_add_cond: mx.array | None = None, capture: dict | None = None,
+                 padding_mask: mx.array | None = None) -> mx.array:
+        """Velocity [B,C,T]. `capture`, if given, receives the intermediates of the fixtures.
+        `padding_mask` [B,T] (True = real audio; default None = off) zeroes the self-attention
+        values at padded frames (the official `mask_padding_attention` without flash-attn)."""
         dtype = self.dtype
         features = expo_fourier_features(t, self._timestep_freqs)  # fp32 whatever the model dtype
         t_embed = _run_mlp(self.to_timestep_embed, features.astype(dtype))
@@ -90,7 +99,7 @@ class DiT(nn.Module):
         h = x.astype(dtype).transpose(0, 2, 1)
         h = self.preprocess_conv(h) + h
         local = None if local_add_cond is None else local_add_cond.astype(dtype).transpose(0, 2, 1)
-        out = self.transformer(h, context, g_proj + t_embed, local, capture)
+        out = self.transformer(h, context, g_proj + t_embed, local, capture, padding_mask)
         out = self.postprocess_conv(out) + out
         return out.transpose(0, 2, 1)
 

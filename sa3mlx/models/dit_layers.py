@@ -62,9 +62,15 @@ class _AttentionBase(nn.Module):
         self.q_norm = nn.RMSNorm(dim // num_heads, eps=QK_NORM_EPS)
         self.k_norm = nn.RMSNorm(dim // num_heads, eps=QK_NORM_EPS)
 
-    def _attend(self, queries: list, keys: list, v: mx.array, rope=None) -> mx.array:
-        """queries/keys: [q] or [q, q_diff] in [B,L,E]; the same norms (and RoPE) for each pair."""
+    def _attend(self, queries: list, keys: list, v: mx.array, rope=None, key_mask: mx.array | None = None) -> mx.array:
+        """queries/keys: [q] or [q, q_diff] in [B,L,E]; the same norms (and RoPE) for each pair.
+
+        key_mask [B,L] (True = valid) zeroes V at padded keys, the official non-flash fallback:
+        padded keys keep their softmax mass, padded queries are computed as usual.
+        """
         v = _heads(v, self.num_heads)
+        if key_mask is not None:
+            v = v * key_mask[:, None, :, None].astype(v.dtype)
         out = None
         for q, k in zip(queries, keys):
             q = self.q_norm(_heads(q, self.num_heads))
@@ -83,12 +89,12 @@ class SelfAttention(_AttentionBase):
         super().__init__(dim, num_heads, differential)
         self.to_qkv = nn.Linear(dim, (5 if differential else 3) * dim, bias=False)
 
-    def __call__(self, x: mx.array, rope) -> mx.array:
+    def __call__(self, x: mx.array, rope, key_mask: mx.array | None = None) -> mx.array:
         if self.differential:
             q, k, v, q_diff, k_diff = mx.split(self.to_qkv(x), 5, axis=-1)
-            return self._attend([q, q_diff], [k, k_diff], v, rope)
+            return self._attend([q, q_diff], [k, k_diff], v, rope, key_mask)
         q, k, v = mx.split(self.to_qkv(x), 3, axis=-1)
-        return self._attend([q], [k], v, rope)
+        return self._attend([q], [k], v, rope, key_mask)
 
 
 class CrossAttention(_AttentionBase):
@@ -151,12 +157,13 @@ class TransformerBlock(nn.Module):
         self.to_scale_shift_gate = mx.zeros((6 * dim,))
 
     def __call__(self, x: mx.array, context: mx.array, adaln: mx.array, rope,
-                 local_cond: mx.array | None = None) -> mx.array:
-        """x [B,M+T,E]; adaln [B,6E] (global_cond_embedder output); local_cond [B,T,C+1] or None."""
+                 local_cond: mx.array | None = None, key_mask: mx.array | None = None) -> mx.array:
+        """x [B,M+T,E]; adaln [B,6E] (global_cond_embedder output); local_cond [B,T,C+1] or None;
+        key_mask [B,M+T] (True = valid) for the self-attention, or None."""
         modulation = (self.to_scale_shift_gate + adaln)[:, None, :]
         scale_sa, shift_sa, gate_sa, scale_ff, shift_ff, gate_ff = mx.split(modulation, 6, axis=-1)
         h = self.pre_norm(x) * (1 + scale_sa) + shift_sa
-        x = x + self.self_attn(h, rope) * mx.sigmoid(1 - gate_sa)
+        x = x + self.self_attn(h, rope, key_mask) * mx.sigmoid(1 - gate_sa)
         x = x + self.cross_attn(self.cross_attend_norm(x), context)
         if local_cond is not None:
             local = self.to_local_embed(local_cond)

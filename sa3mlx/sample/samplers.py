@@ -102,9 +102,19 @@ NoiseSource = Callable[[int, tuple, mx.Dtype], mx.array]
 
 def random_noise(key: mx.array | None = None) -> NoiseSource:
     """Fresh N(0, I) per step from `key` (or the global MLX generator)."""
+    spine, step_keys = [key], []  # split(spine[i]) -> (spine[i + 1], key of step i)
+
+    def step_key(i: int) -> mx.array | None:
+        if key is None:
+            return None
+        while len(step_keys) <= i:
+            following, own = mx.random.split(spine[-1])
+            spine.append(following)
+            step_keys.append(own)
+        return step_keys[i]
+
     def draw(i: int, shape: tuple, dtype) -> mx.array:
-        step_key = None if key is None else mx.random.fold_in(key, i)
-        return mx.random.normal(shape, dtype=dtype, key=step_key)
+        return mx.random.normal(shape, dtype=dtype, key=step_key(i))
     return draw
 
 

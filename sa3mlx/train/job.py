@@ -1,0 +1,239 @@
+"""One run of the `train` stage: params -> session, data, run directory, resume decision, loop,
+the final adapter; and the smoke test.
+
+    job = TrainJob.from_params(load_params("train"), base=load_params("model")["base"])
+    sys.exit(job.run())          # or job.smoke()
+
+The stage's outputs: `models/lora/<name>.safetensors` (the final adapter, DVC-cached, what
+`demo` reads), `runs/<name>/` (checkpoints + resume states, `persist`) and `dvclive/train/`
+(curves, `persist`). The run resumes from `runs/<name>/` only when the fingerprint of the
+settings (all but max_steps / max_minutes) and of the stage's declared inputs matches.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO
+
+import yaml
+
+from sa3mlx.data.dataset import BatchLoader, EpochSampler, PreEncodedDataset
+from sa3mlx.lora.types import adapter_kind
+from sa3mlx.models.config import ModelConfig
+from sa3mlx.train import progress as P
+from sa3mlx.train.loop import LoopSettings, TrainingLoop
+from sa3mlx.train.metrics import TrainingMetrics
+from sa3mlx.train.presets import TrainConfig, resolve
+from sa3mlx.train.resume import fingerprint, fingerprint_inputs, load_resume, prepare_run, resume_files
+from sa3mlx.train.runs import RunPaths, copy_atomic
+
+STAGE_KEYS = ("preset", "name", "smoke", "init_from", "step_offset", "epoch_offset")  # not TrainConfig fields
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+SMOKE_STEPS = (3, 3)  # steps before the save, steps after the resume
+
+
+@dataclass
+class TrainJob:
+    cfg: TrainConfig
+    base: str  # model.base
+    name: str = "lora"
+    preset: str | None = None
+    smoke_mode: bool = False
+    init_from: str | None = None  # a bare adapter to start from (fresh runs only)
+    step_offset: int | None = None
+    epoch_offset: int | None = None
+    root: Path = Path(".")
+    dvc_file: str = "dvc.yaml"
+
+    @classmethod
+    def from_params(cls, params: dict, base: str, root: str | Path = ".") -> "TrainJob":
+        stage = {k: params[k] for k in STAGE_KEYS if k in params}
+        overrides = {k: v for k, v in params.items() if k not in STAGE_KEYS}
+        cfg = resolve(stage.get("preset"), overrides)
+        job = cls(cfg, base, name=stage.get("name") or "lora", preset=stage.get("preset"),
+                  smoke_mode=bool(stage.get("smoke", False)), init_from=stage.get("init_from"),
+                  step_offset=stage.get("step_offset"), epoch_offset=stage.get("epoch_offset"), root=Path(root))
+        if not NAME_RE.fullmatch(job.name):
+            raise ValueError(f"train.name '{job.name}' must be letters, digits, '.', '_' or '-' "
+                             "(it names folders and files)")
+        job.check_declared(params)
+        return job
+
+    # ---- paths ----------------------------------------------------------------------------------
+
+    @property
+    def model_dir(self) -> Path:
+        return self.root / "models" / "converted" / self.base
+
+    @property
+    def svd_dir(self) -> Path:
+        return self.root / "models" / "svd" / self.base
+
+    @property
+    def latents(self) -> Path:
+        return self.root / "data" / "latents"
+
+    @property
+    def final_adapter(self) -> Path:
+        return self.root / "models" / "lora" / f"{self.name}.safetensors"
+
+    @property
+    def metrics_dir(self) -> Path:
+        return self.root / "dvclive" / "train"
+
+    def run_paths(self, session: str | None = None) -> RunPaths:
+        return RunPaths.create(self.root / "runs", self.name, session)
+
+    # ---- declared params and inputs (dvc.yaml) --------------------------------------------------
+
+    def declared(self) -> dict | None:
+        """The `train` stage of dvc.yaml with `${…}` filled in, or None without a dvc.yaml."""
+        path = self.root / self.dvc_file
+        if not path.is_file():
+            return None
+        stage = yaml.safe_load(path.read_text()).get("stages", {}).get("train")
+        if stage is None:
+            return None
+        values = {"model.base": self.base, "train.name": self.name}
+        return {"deps": [_fill(d, values) for d in stage.get("deps", [])], "params": stage.get("params", [])}
+
+    def check_declared(self, params: dict) -> None:
+        """Every `train.<key>` read here must be a declared param of the stage, or DVC would not
+        rerun it when that key changes."""
+        declared = self.declared()
+        if declared is None:
+            return
+        names = {p for p in declared["params"] if isinstance(p, str)}
+        missing = sorted(f"train.{k}" for k in params if "train" not in names and f"train.{k}" not in names)
+        if missing:
+            raise ValueError(f"{self.dvc_file}: params.yaml sets {missing} but the train stage does not declare "
+                             "them under params: add them so a change reruns the stage")
+
+    def fingerprint_payload(self) -> dict:
+        """The settings (all but the run length) and the digest of every input of the stage."""
+        settings = {"train": self.cfg.fingerprint_dict(), "model.base": self.base, "name": self.name,
+                    "init_from": self.init_from, "step_offset": self.step_offset, "epoch_offset": self.epoch_offset}
+        declared = self.declared()
+        inputs = {"data/latents": self.latents, f"models/converted/{self.base}": self.model_dir}
+        if self.uses_svd():
+            inputs[f"models/svd/{self.base}"] = self.svd_dir
+        if declared is not None:
+            inputs.update({dep: self.root / dep for dep in declared["deps"]})
+        if self.init_from:
+            inputs["init_from"] = self.root / self.init_from
+        return fingerprint_inputs(settings, inputs)
+
+    def uses_svd(self) -> bool:
+        return adapter_kind(self.cfg.adapter.adapter_type).xs
+
+    # ---- building -------------------------------------------------------------------------------
+
+    def build(self, cfg: TrainConfig | None = None):
+        """(session, loader) for `cfg` (default: the job's)."""
+        from sa3mlx.train.session import TrainingSession
+
+        cfg = cfg or self.cfg
+        session = TrainingSession.build(self.model_dir, cfg, seed=cfg.seed,
+                                        svd_dir=self.svd_dir if self.uses_svd() else None)
+        variant = ModelConfig.load(self.model_dir / "model_config.json").variant
+        dataset = PreEncodedDataset(self.latents, cfg.crop_length(variant), cfg.random_crop, cfg.prompts)
+        sampler = EpochSampler(len(dataset), cfg.batch_size, cfg.seed, drop_last=cfg.drop_last)
+        return session, BatchLoader(dataset, sampler)
+
+    # ---- the stage run --------------------------------------------------------------------------
+
+    def run(self, out: IO | None = None) -> int:
+        out = out or sys.stdout
+        if self.smoke_mode:
+            return self.smoke(out)
+        payload = self.fingerprint_payload()
+        key = fingerprint(payload)
+        run = self.run_paths()
+        choice, lines = prepare_run(run.root, key, payload)
+        run.ensure_root()
+        P.emit([f"train: {self.describe()}", *lines], out)
+        session, loader = self.build()
+        settings = LoopSettings.from_config(self.cfg, fingerprint=key, fingerprint_inputs=payload)
+        metrics = TrainingMetrics(self.metrics_dir, choice.state.step if choice.state else None)
+        loop = TrainingLoop(session, loader, run, settings, metrics=metrics, out=out)
+        if choice.state is not None:
+            loop.restore(choice.state, choice.checkpoint)
+        elif self.init_from:
+            loop.start_from_adapter(self.root / self.init_from, self.step_offset, self.epoch_offset)
+        result = loop.run()
+        if result.status == "done" and result.checkpoint is not None:
+            copy_atomic(result.checkpoint, self.final_adapter)
+            P.emit(f"train: final adapter {self.final_adapter} (= {result.checkpoint.name})", out)
+        elif result.status == "done":
+            P.emit("train: nothing was trained and the run has no checkpoint", out)
+            return 1
+        return result.exit_code
+
+    def describe(self) -> str:
+        cfg = self.cfg
+        return (f"preset {self.preset or 'underfit-dashboard'}, {cfg.adapter.adapter_type} r{cfg.adapter.rank}, "
+                f"lr {cfg.lr:g} ({cfg.lr_schedule}), batch {cfg.batch_size}, crop {cfg.latent_crop_length}, "
+                f"to step {cfg.max_steps} on {self.base}; run {self.run_paths('x').root}")
+
+    # ---- smoke ----------------------------------------------------------------------------------
+
+    def smoke(self, out: IO | None = None) -> int:
+        """A few steps, save, a fresh session resumed from the save for a few more: the resumed
+        adapter and state must equal an uninterrupted run's, byte for byte. Writes the adapter
+        as the stage output; never touches runs/<name>/."""
+        out = out or sys.stdout
+        before, after = SMOKE_STEPS
+        cfg = replace(self.cfg, max_steps=before, checkpoint_every=before, keep_last=None)
+        P.emit(f"smoke: {before} steps, save, resume in a fresh session, {after} more ({self.describe()})", out)
+        with tempfile.TemporaryDirectory(prefix="sa3mlx-smoke-") as tmp:
+            straight = self._smoke_loop(cfg, Path(tmp) / "a", out)
+            straight.run()
+            saved = straight.last_checkpoint
+            straight.settings.max_steps = before + after
+            straight.run()
+            resumed = self._smoke_loop(replace(cfg, max_steps=before + after), Path(tmp) / "b", out)
+            resumed.restore(load_resume(resume_files(saved)[1]), saved)
+            resumed.run()
+            problems = _compare_runs(straight.last_checkpoint, resumed.last_checkpoint)
+            if not problems:
+                copy_atomic(resumed.last_checkpoint, self.final_adapter)
+        self.run_paths("x").ensure_root()  # the stage's persist output exists, untouched
+        if problems:
+            P.emit(["smoke: FAILED: the resumed run differs from the uninterrupted one:", *problems], out)
+            return 1
+        P.emit(f"smoke: OK: resumed at step {before}, {after} more steps; adapter and optimizer state "
+               f"byte-identical to an uninterrupted run ({self.final_adapter})", out)
+        return 0
+
+    def _smoke_loop(self, cfg: TrainConfig, save_dir: Path, out: IO) -> TrainingLoop:
+        session, loader = self.build(cfg)
+        run = RunPaths.create(save_dir, self.name, "00000000")
+        return TrainingLoop(session, loader, run, LoopSettings.from_config(cfg), out=out)
+
+
+def _compare_runs(a: Path, b: Path) -> list[str]:
+    problems = []
+    if a.name != b.name:
+        problems.append(f"  checkpoint names differ: {a.name} vs {b.name}")
+    elif a.read_bytes() != b.read_bytes():
+        problems.append(f"  adapter files differ: {a.name}")
+    state_a, state_b = load_resume(resume_files(a)[1]), load_resume(resume_files(b)[1])
+    for key in sorted(set(state_a.adapter) | set(state_b.adapter)):
+        if key not in state_a.adapter or key not in state_b.adapter or \
+                state_a.adapter[key].tobytes() != state_b.adapter[key].tobytes():
+            problems.append(f"  fp32 adapter tensor {key} differs")
+    if resume_files(a)[0].read_bytes() != resume_files(b)[0].read_bytes():
+        problems.append("  resume arrays (optimizer moments) differ")
+    if (state_a.sampler, state_a.step) != (state_b.sampler, state_b.step):
+        problems.append(f"  data position differs: {state_a.sampler} vs {state_b.sampler}")
+    return problems
+
+
+def _fill(text: str, values: dict) -> str:
+    for name, value in values.items():
+        text = text.replace("${" + name + "}", str(value))
+    return text

@@ -1,0 +1,334 @@
+"""The training loop: batches through `TrainingSession.step`, underfit's console output and
+checkpoint cadence, resume states, guards.
+
+    loop = TrainingLoop(session, loader, RunPaths.create("runs", "my-run"), LoopSettings.from_config(cfg))
+    loop.restore(state)          # or loop.start_from_adapter(path); neither: a fresh run
+    result = loop.run()          # LoopResult: status done / interrupted / nonfinite, last checkpoint
+
+Each step's random numbers come from a generator seeded by (seed, global step), and the data
+order from the sampler's position, so a run resumed from a checkpoint continues bit-exactly.
+The epoch counter follows underfit: it advances when the data is exhausted and once more when
+the run ends at its target, so the final checkpoint's name carries the next epoch.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+
+from sa3mlx.data.dataset import BatchLoader
+from sa3mlx.lora.checkpoint import apply_lora, lora_key, read_lora, save_lora
+from sa3mlx.runtime.io import atomic_path
+from sa3mlx.train import progress as P
+from sa3mlx.train.guards import NonFiniteGuard, StallWatchdog
+from sa3mlx.train.optim import WarmupStableDecay, WSDPlan
+from sa3mlx.train.resume import ResumeState, bare_offsets, resume_files, save_resume
+from sa3mlx.train.runs import RunPaths, SaveRequests, prune_checkpoints
+
+STEP_STREAM = 0x53544550  # "STEP": keeps the per-step generators apart from the dataset's streams
+PREVIEW_PROMPTS = 10
+EXIT_NONFINITE = 3
+
+
+def step_rng(seed: int, step: int) -> np.random.Generator:
+    """The generator of global step `step` (0-based): a pure function of (seed, step)."""
+    return np.random.default_rng([int(seed), STEP_STREAM, int(step)])
+
+
+@dataclass
+class LoopSettings:
+    max_steps: int  # absolute global step target
+    checkpoint_every: int = 1000
+    keep_last: int | None = None
+    max_nonfinite: int = 10
+    max_minutes: float | None = None  # wsd: the budget; other schedules: a wall-clock limit
+    seed: int = 42
+    base_model: str | None = None  # written into the adapter metadata when known
+    stall_factor: float = 10.0
+    fingerprint: str = ""
+    fingerprint_inputs: dict | None = None
+
+    @classmethod
+    def from_config(cls, cfg, **extra) -> "LoopSettings":
+        return cls(max_steps=cfg.max_steps, checkpoint_every=cfg.checkpoint_every, keep_last=cfg.keep_last,
+                   max_nonfinite=cfg.max_nonfinite, max_minutes=cfg.max_minutes, seed=cfg.seed, **extra)
+
+
+@dataclass
+class LoopResult:
+    status: str  # "done", "interrupted" (SIGINT/SIGTERM), "nonfinite"
+    step: int
+    checkpoint: Path | None  # the newest checkpoint of the run (written or resumed from)
+    exit_code: int = 0
+
+
+def batch_inputs(batch) -> dict:
+    """What `TrainingSession.step` reads from a dataset Batch."""
+    return {"latents": batch.latents, "padding_mask": batch.padding_mask,
+            "seconds_total": batch.seconds_total, "prompts": batch.prompts}
+
+
+class TrainingLoop:
+    def __init__(self, session, loader: BatchLoader, run: RunPaths, settings: LoopSettings,
+                 metrics=None, out: IO | None = None, on_checkpoint=None):
+        """`on_checkpoint(path, step)` runs after each save (e.g. demos: always after the save)."""
+        self.session, self.loader, self.run_paths, self.settings = session, loader, run, settings
+        self.metrics, self.out, self.on_checkpoint = metrics, out or sys.stdout, on_checkpoint
+        self.global_step = 0
+        self.epoch_offset = 0  # epochs before this sampler's epoch 0 (a bare-adapter resume)
+        self.elapsed_seconds = 0.0  # training wall time, across resumes
+        self.guard = NonFiniteGuard(settings.max_nonfinite)
+        self.watchdog = StallWatchdog(settings.stall_factor)
+        self.last_checkpoint: Path | None = None
+        self.resumed_from: int | None = None
+        self._saved_step: int | None = None
+        self._bar = None  # the epoch's bar while a step is being finished (paused to print)
+
+    # ---- starting points ----------------------------------------------------------------------
+
+    def restore(self, state: ResumeState, checkpoint: Path | None = None) -> None:
+        """Continue exactly where a saved state left off."""
+        self.session.load_adapter_state(state.adapter)
+        self.session.load_state_dict(state.session)  # without "adapters": loaded just above
+        self.loader.load_state_dict(state.sampler)
+        loop = state.loop
+        self.global_step, self.epoch_offset = state.step, int(loop.get("epoch_offset", 0))
+        self.elapsed_seconds = float(loop.get("elapsed_seconds", 0.0))
+        self.guard.load_state_dict(loop.get("guard", {}))
+        self.last_checkpoint, self.resumed_from, self._saved_step = checkpoint, state.step, state.step
+        _truncate_loss_log(self.run_paths.demos / P.LOSS_BY_TIMESTEP_FILE, state.step)
+
+    def start_from_adapter(self, path: str | Path, step_offset: int | None = None,
+                           epoch_offset: int | None = None) -> None:
+        """A bare adapter (e.g. an underfit checkpoint): its tensors, fresh optimizer, underfit's
+        offset ladder for the step and epoch to count from."""
+        lora = read_lora(path)
+        apply_lora(lora, self.session.adapters, self.settings.base_model)  # checks layers, type, base
+        self.session.load_adapter_state({lora_key(name, param): value for name, tensors in lora.layers.items()
+                                         for param, value in tensors.items()})
+        self.global_step, self.epoch_offset = bare_offsets(
+            path, lora.config, step_offset, epoch_offset, self.loader.sampler.batches_per_epoch)
+        self.resumed_from = self.global_step
+
+    # ---- the run ------------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        return self.epoch_offset + self.loader.sampler.epoch
+
+    def target_step(self) -> int:
+        schedule = getattr(self.session, "schedule", None)
+        if isinstance(schedule, WarmupStableDecay) and schedule.plan is not None:
+            return min(self.settings.max_steps, schedule.plan.total_steps)
+        return self.settings.max_steps
+
+    def run(self) -> LoopResult:
+        self._announce()
+        status = "done"
+        with SaveRequests(self.run_paths.save_now, self.out) as requests, \
+                P.LossByTimestepLog(self.run_paths.demos / P.LOSS_BY_TIMESTEP_FILE) as lbt:
+            epoch = self.epoch
+            while self.global_step < self.target_step() and status == "done":
+                epoch, status = self._run_epoch(requests, lbt)
+            if status == "done" and self._saved_step != self.global_step:
+                # underfit's epoch counter advances once more when the run ends at its target
+                self.save_checkpoint(epoch + 1, final=True)
+        if self.metrics is not None:
+            self.metrics.close()
+        if status == "done":
+            P.emit(P.TRAINING_DONE, self.out)
+            return LoopResult(status, self.global_step, self.last_checkpoint)
+        code = 128 + requests.stop_signal if status == "interrupted" else EXIT_NONFINITE
+        return LoopResult(status, self.global_step, self.last_checkpoint, code)
+
+    def _run_epoch(self, requests: SaveRequests, lbt: P.LossByTimestepLog) -> tuple[int, str]:
+        sampler = self.loader.sampler
+        if sampler.position >= sampler.batches_per_epoch:
+            sampler.epoch, sampler.position = sampler.epoch + 1, 0
+        epoch = self.epoch
+        bar = P.epoch_bar(self._batches(), self.global_step, epoch, total=sampler.batches_per_epoch,
+                          file=self.out, initial=sampler.position)
+        status, self._bar = "done", bar
+        for batch in bar:
+            self._ensure_wsd_plan(batch)
+            started = time.perf_counter()
+            result = self.session.step(batch_inputs(batch), step_rng(self.settings.seed, self.global_step))
+            seconds = time.perf_counter() - started
+            finite = bool(result.finite) and math.isfinite(result.loss)
+            if finite:
+                lbt.write(self.global_step, result.t_mean, result.loss)
+            self.global_step += 1
+            self._count_time(seconds)
+            P.report_step(bar, self.global_step, epoch, result.loss, self._display_lr(result),
+                          result.grad_norm, result.lora_magnitude)
+            self._log_metrics(result, seconds)
+            status = self._after_step(finite, result, seconds, epoch, requests)
+            if status != "done" or self.global_step >= self.target_step():
+                break
+        bar.close()
+        self._bar = None
+        return epoch, status
+
+    def _batches(self):
+        for batch in self.loader.epoch():
+            yield batch
+
+    def _after_step(self, finite: bool, result, seconds: float, epoch: int, requests: SaveRequests) -> str:
+        """Guards, watchdog and saves after a step; returns the loop status."""
+        message = self.guard.update(finite, self.global_step, result.loss)
+        if message:
+            self._say(message)
+        warning = self.watchdog.update(self.global_step, seconds)
+        if warning:
+            self._say(warning)
+        if self.guard.tripped:
+            path = self.save_checkpoint(epoch)
+            self._say(self.guard.stop_message(path.name))
+            return "nonfinite"
+        if (self.global_step % self.settings.checkpoint_every == 0 or requests.take_save()
+                or requests.stopping):
+            self.save_checkpoint(epoch)
+        if requests.stopping:
+            self._say(f"Stopped at step {self.global_step}; a resume continues from {self.last_checkpoint.name}")
+            return "interrupted"
+        if self._out_of_time():
+            self._say(f"max_minutes ({self.settings.max_minutes:g}) reached at step {self.global_step}")
+            self.settings.max_steps = self.global_step
+        return "done"
+
+    # ---- saving -------------------------------------------------------------------------------
+
+    def save_checkpoint(self, epoch: int, final: bool = False) -> Path:
+        """The adapter (underfit's file), then its resume state, then pruning; atomic each."""
+        if self._saved_step == self.global_step and self.last_checkpoint is not None and not final:
+            return self.last_checkpoint
+        path = self.run_paths.checkpoint_path(self.global_step, epoch)
+        save_lora(path, self.session.adapters, self.session.lora_config, self.global_step, epoch,
+                  self.settings.base_model)
+        save_resume(path, self.resume_state(epoch))
+        prune_checkpoints(self.run_paths.root, self.settings.keep_last, resume_files)
+        self.last_checkpoint, self._saved_step = path, self.global_step
+        self._say(P.saved_line(path.name, final))
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(path, self.global_step)
+        return path
+
+    def resume_state(self, epoch: int) -> ResumeState:
+        session = dict(self.session.state_dict())
+        adapter = session.pop("adapters", None)  # stored once, as the state's adapter
+        return ResumeState(
+            step=self.global_step, epoch=epoch, fingerprint=self.settings.fingerprint,
+            sampler=self.loader.state_dict(), session=session,
+            adapter=self.session.adapter_state() if adapter is None else adapter,
+            loop={"epoch_offset": self.epoch_offset, "elapsed_seconds": self.elapsed_seconds,
+                  "guard": self.guard.state_dict()},
+            fingerprint_inputs=self.settings.fingerprint_inputs or {})
+
+    # ---- helpers ------------------------------------------------------------------------------
+
+    def _say(self, lines) -> None:
+        """Console lines, with the bar cleared and redrawn around them when one is showing."""
+        if self._bar is None:
+            P.emit(lines, self.out)
+            return
+        with P.bar_paused(self._bar):
+            P.emit(lines, self.out)
+
+    def _announce(self) -> None:
+        session, sampler = self.session, self.loader.sampler
+        trainable = sum(int(np.size(v)) for v in session.adapter_state().values())
+        P.emit(P.lora_config_lines(session.lora_config) + [P.lora_layers_line(len(session.adapters)),
+                                                            P.trainable_params_line(trainable)], self.out)
+        if sampler.oversampled:
+            P.emit(P.oversampling_line(sampler.size, sampler.batch_size, sampler.samples_per_epoch,
+                                       self.loader.dataset.random_crop), self.out)
+        P.emit(P.prompt_preview_lines(preview_prompts(self.loader)), self.out)
+        if self.resumed_from:
+            P.emit(P.resume_line(self.global_step, self.epoch), self.out)
+        P.emit(P.training_to_lines(self.settings.max_steps, self.global_step, self.settings.checkpoint_every),
+               self.out)
+
+    def _display_lr(self, result) -> float:
+        """underfit shows the lr after stepping the scheduler: the one the next step will use."""
+        next_lr = getattr(self.session, "next_lr", None)
+        next_lr = next_lr() if callable(next_lr) else next_lr
+        return float(result.lr if next_lr is None else next_lr)
+
+    def _count_time(self, seconds: float) -> None:
+        self.elapsed_seconds += seconds
+        schedule = getattr(self.session, "schedule", None)
+        if isinstance(schedule, WarmupStableDecay):
+            schedule.add_elapsed(seconds)
+
+    def _out_of_time(self) -> bool:
+        schedule = getattr(self.session, "schedule", None)
+        limit = self.settings.max_minutes
+        return bool(limit) and not isinstance(schedule, WarmupStableDecay) and self.elapsed_seconds >= limit * 60
+
+    def _ensure_wsd_plan(self, batch) -> None:
+        """WSD needs its step count before the first step: time two probe steps on the first
+        batch, then put the session back exactly as it was and freeze the plan."""
+        schedule = getattr(self.session, "schedule", None)
+        if not isinstance(schedule, WarmupStableDecay) or schedule.plan is not None:
+            return
+        state, adapter = self.session.state_dict(), self.session.adapter_state()
+        schedule.plan = WSDPlan(total_steps=self.settings.max_steps + 2, warmup_steps=1, decay_steps=1,
+                                seconds_per_step=1.0)
+        times = []
+        for probe in range(2):
+            started = time.perf_counter()
+            self.session.step(batch_inputs(batch), np.random.default_rng([self.settings.seed, probe]))
+            times.append(time.perf_counter() - started)
+        self.session.load_adapter_state(adapter)
+        self.session.load_state_dict(state)
+        schedule.plan = None
+        plan = schedule.freeze(times[-1], steps_done=self.global_step)
+        self._say(f"WSD: {schedule.max_minutes:g} min budget ({schedule.elapsed_seconds / 60:.1f} used) at "
+               f"{times[-1]:.3f} s/step -> {plan.total_steps} steps (warm-up {plan.warmup_steps}, "
+               f"decay {plan.decay_steps})")
+
+    def _log_metrics(self, result, seconds: float) -> None:
+        if self.metrics is None:
+            return
+        stats = self.session.prompt_cache_stats() if hasattr(self.session, "prompt_cache_stats") else {}
+        values = {"train/loss": result.loss, "train/lr": self._display_lr(result),
+                  "train/grad_norm": result.grad_norm, "train/lora_magnitude": result.lora_magnitude,
+                  "train/step_seconds": seconds}
+        if stats.get("hit_rate") is not None:
+            values["train/prompt_cache_hit_rate"] = stats["hit_rate"]
+        self.metrics.log(self.global_step, values)
+
+
+def preview_prompts(loader: BatchLoader, count: int = PREVIEW_PROMPTS) -> list[str]:
+    """The prompts of the next `count` draws of the current epoch, exactly as training will see
+    them (same random streams), without moving the sampler."""
+    sampler, dataset = loader.sampler, loader.dataset
+    epoch = sampler.epoch + (1 if sampler.position >= sampler.batches_per_epoch else 0)
+    order = sampler.order(epoch)
+    first = (sampler.position % max(sampler.batches_per_epoch, 1)) * sampler.batch_size
+    prompts = []
+    for draw in range(first, min(first + count, sampler.samples_per_epoch)):
+        index = int(order[draw])
+        info = dataset.sidecar(index)
+        info.pop("padding_mask", None)
+        info.setdefault("relpath", dataset.files[index].relpath)
+        prompts.append(loader.prompt_fn(info, sampler.prompt_rng(epoch, draw)))
+    return prompts
+
+
+def _truncate_loss_log(path: Path, step: int) -> None:
+    """Keep the records of steps before `step` (a killed run may have logged past its checkpoint)."""
+    if not path.is_file():
+        return
+    records = P.read_loss_by_timestep(path)
+    kept = [r for r in records if r[0] < step]
+    if len(kept) == len(records) and path.stat().st_size == len(records) * P.LOSS_RECORD.size:
+        return
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(b"".join(P.LOSS_RECORD.pack(*r) for r in kept))

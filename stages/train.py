@@ -1,0 +1,29 @@
+"""DVC stage `train`: data/latents + models/converted/<base> -> models/lora/<name>.safetensors.
+
+    python stages/train.py [--smoke]
+
+Checkpoints and resume states go to runs/<name>/ (kept across runs: a rerun resumes when only
+max_steps / max_minutes changed, and starts over otherwise), curves to dvclive/train/.
+`touch runs/<name>/SAVE_NOW` or SIGUSR1 saves after the current step; Ctrl-C saves and exits.
+"""
+
+import argparse
+import sys
+
+import sa3mlx  # noqa: F401  (BLAS set-up first, as in every stage)
+
+from sa3mlx.runtime.params import load_params
+from sa3mlx.train.job import TrainJob
+
+
+def main() -> int:
+    sys.stdout.reconfigure(errors="backslashreplace", line_buffering=True)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="run the resume smoke test (as train.smoke: true)")
+    args = parser.parse_args()
+    job = TrainJob.from_params(load_params("train"), base=load_params("model")["base"])
+    return job.smoke() if args.smoke else job.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Sharing artifacts through a DVC remote: push from a reproduced repo, `git clone` elsewhere, fetch
+the outputs, and nothing needs recomputing. Against a local-directory remote and a local S3 server."""
+
+import hashlib
+import importlib.util
+import logging
+
+import pytest
+from dvc.repo import Repo
+
+from dvc_project import commit_all, make_project, run
+
+UP_TO_DATE = "Data and pipelines are up to date."
+BUCKET = "sa3mlx-share"
+S3_KEY, S3_SECRET = "sa3mlx-test-key", "sa3mlx-test-secret"
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """The project with every stage of dvc.yaml reproduced and committed, once per module."""
+    repo = make_project(tmp_path_factory.mktemp("share") / "source")
+    run(["dvc", "repro"], repo)
+    commit_all(repo, "reproduced")
+    return repo
+
+
+def declared_outs(repo) -> dict[str, bool]:
+    """Every output of dvc.yaml (metrics and plots included, templating resolved) -> is it DVC-cached."""
+    with Repo(str(repo)) as dvc_repo:
+        return {out.def_path: out.use_cache for out in dvc_repo.index.outs}
+
+
+def digest_tree(path) -> dict[str, str]:
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return {p.relative_to(path.parent).as_posix(): hashlib.md5(p.read_bytes()).hexdigest() for p in files}
+
+
+def push_then_clone(source, remote: str, url: str, clone, config=(), local_config=()):
+    """Make `remote` the default, commit, push, check the remote is in sync, and clone the repo.
+    `config` goes to the committed .dvc/config, `local_config` to .dvc/config.local on both sides."""
+    run(["dvc", "remote", "add", "--force", "-d", remote, url], source)
+    for option, value in config:
+        run(["dvc", "remote", "modify", remote, option, value], source)
+    for option, value in local_config:
+        run(["dvc", "remote", "modify", "--local", remote, option, value], source)
+    commit_all(source, f"remote {remote}")
+    assert "pushed" in run(["dvc", "push"], source)
+    assert f"Cache and remote '{remote}' are in sync" in run(["dvc", "status", "--cloud"], source)
+    run(["git", "clone", "-q", str(source), str(clone)], clone.parent)
+    cached = [out for out, use_cache in declared_outs(source).items() if use_cache]
+    assert cached and not any((clone / out).exists() for out in cached)  # git alone does not carry them
+    for option, value in local_config:
+        run(["dvc", "remote", "modify", "--local", remote, option, value], clone)
+
+
+def assert_nothing_to_recompute(source, clone):
+    outs = declared_outs(source)
+    missing = [out for out in outs if not (clone / out).exists()]
+    assert not missing, (f"outputs neither in git nor in the remote: {missing}; a clone reruns their stages. "
+                         "Keep machine-local scratch (cache: false, git-ignored) out of dvc.yaml `outs`.")
+    assert UP_TO_DATE in run(["dvc", "status"], clone)
+    assert "Running stage" not in run(["dvc", "repro"], clone)
+    for out in outs:
+        assert digest_tree(clone / out) == digest_tree(source / out), out
+
+
+def test_local_remote_push_clone_pull(source, tmp_path):
+    clone = tmp_path / "clone"
+    push_then_clone(source, "shared-dir", str(tmp_path / "remote"), clone)
+    assert list((tmp_path / "remote" / "files" / "md5").iterdir())
+    assert "fetched" in run(["dvc", "pull"], clone)
+    assert_nothing_to_recompute(source, clone)
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    """An in-memory S3 server (moto) on 127.0.0.1 with one bucket, stopped when the module ends."""
+    server_module = pytest.importorskip("moto.server", reason="S3 test needs `moto[server]`")
+    boto3 = pytest.importorskip("boto3", reason="S3 test needs boto3")
+    if importlib.util.find_spec("dvc_s3") is None:
+        pytest.skip("S3 test needs the `dvc-s3` plugin")
+    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    requests_log = logging.getLogger("werkzeug")
+    level = requests_log.level
+    requests_log.setLevel(logging.WARNING)  # one INFO line per object otherwise
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        url = f"http://{host}:{port}"
+        client = boto3.client("s3", endpoint_url=url, region_name="us-east-1",
+                              aws_access_key_id=S3_KEY, aws_secret_access_key=S3_SECRET)
+        client.create_bucket(Bucket=BUCKET)
+        yield url, client
+    finally:
+        server.stop()
+        requests_log.setLevel(level)
+
+
+def test_s3_remote_push_clone_repro_pull(source, tmp_path, s3_endpoint):
+    url, client = s3_endpoint
+    clone = tmp_path / "clone"
+    credentials = (("access_key_id", S3_KEY), ("secret_access_key", S3_SECRET))
+    push_then_clone(source, "s3", f"s3://{BUCKET}/sa3mlx", clone, [("endpointurl", url)], credentials)
+    assert client.list_objects_v2(Bucket=BUCKET, Prefix="sa3mlx/files/md5/")["KeyCount"] > 0
+    # endpoint in the shared config, credentials only in the git-ignored .dvc/config.local
+    shared = (clone / ".dvc" / "config").read_text()
+    assert url in shared and S3_SECRET not in shared
+    assert S3_SECRET in (clone / ".dvc" / "config.local").read_text()
+    assert ".dvc/config.local" not in run(["git", "ls-files", ".dvc"], source)
+    assert "Running stage" not in run(["dvc", "repro", "--pull"], clone)
+    assert_nothing_to_recompute(source, clone)
