@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
-import time
 
 import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 import mlx.core as mx
 
-from blas import mlx_gemm  # bench/blas.py: the GEMM measurement, shared
+from blas import median_seconds, mlx_gemm  # bench/blas.py: shared GEMM measurement and timing
 from sa3mlx.models.config import DiTConfig
 from sa3mlx.models.dit import DiT
 
@@ -51,13 +49,7 @@ def matmul_flops(cfg: DiTConfig, T: int, N: int = PROMPT_TOKENS) -> tuple[float,
 
 
 def median_ms(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    return 1e3 * median_seconds(fn, repeats)
 
 
 def bench_model(name: str, cfg: DiTConfig, crop: int, repeats: int, backward: bool) -> dict:

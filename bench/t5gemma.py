@@ -10,14 +10,13 @@ through `PromptEncoder` (tokenise nothing new, stack cached rows) and its speed-
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from pathlib import Path
 
 import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 import mlx.core as mx
 import numpy as np
 
+from blas import median_seconds  # bench/blas.py: the shared timing helper
 from sa3mlx.convert.t5gemma import t5gemma_shapes
 from sa3mlx.models.config import T5GemmaConfig
 from sa3mlx.models.prompt import PromptEncoder
@@ -33,16 +32,6 @@ REAL = T5GemmaConfig(  # google/t5gemma-b-b-ul2, encoder half
     intermediate_size=2048, query_pre_attn_scalar=64.0, attn_logit_softcapping=50.0, rms_norm_eps=1e-6,
     rope_theta=10000.0, layer_types=("sliding_attention", "full_attention") * 6, sliding_window=4096,
     pad_token_id=0)
-
-
-def median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def random_encoder(storage: mx.Dtype):

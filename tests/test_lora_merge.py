@@ -15,7 +15,7 @@ from sa3mlx.lora.bases import compute_svd_file
 from sa3mlx.lora.checkpoint import save_lora
 from sa3mlx.lora.config import LoRAConfig
 from sa3mlx.lora.inject import apply_checkpoint, inject_adapters, load_lora_state, lora_state
-from sa3mlx.lora.merge import MLX_MERGE_RULE, TORCH_SEMANTICS, merge_files, parse_lora_arg
+from sa3mlx.lora.merge import MLX_MERGE_RULE, merge_files, parse_lora_arg
 from sa3mlx.models.conditioning import load_dit
 from sa3mlx.parity.compare import psnr_db
 from sa3mlx.runtime.io import save_npz

@@ -26,7 +26,7 @@ from sa3mlx.audio.resample import QUALITIES, resample
 from sa3mlx.audio.scan import Listing, scan
 from sa3mlx.audio.tags import find_tags
 from sa3mlx.audio.write import FORMATS, write_audio
-from sa3mlx.runtime.io import save_json
+from sa3mlx.runtime.io import remove_stale, save_json
 
 LATENT_SAMPLES = 4096  # audio samples per SAME latent frame (SA3's codecs downsample by 4096)
 REPORT_NAME = "report.json"
@@ -105,7 +105,7 @@ def normalize_listing(listing: Listing, raw: str | os.PathLike, out: str | os.Pa
         save_json(out / f"{stems[rel]}.json", tags)
         written.update({name, f"{stems[rel]}.json"})
         decoded.append(record)
-    _remove_stale(out, written)
+    remove_stale(out, written)
     report = census.build_report(asdict(options), len(listing.inputs), decoded, quarantined,
                                  dedup.duplicates, listing.ignored)
     save_json(out / REPORT_NAME, report)
@@ -167,18 +167,3 @@ def _check_folders(raw: Path, out: Path) -> None:
     raw_abs, out_abs = raw.resolve(), out.resolve()
     if out_abs == raw_abs or raw_abs in out_abs.parents or out_abs in raw_abs.parents:
         raise ValueError(f"output folder {out} must not contain or lie inside the input folder {raw}")
-
-
-def _remove_stale(out: Path, keep: set[str]) -> None:
-    """Delete what an earlier run left in `out` that this run did not write (then empty folders)."""
-    if not out.is_dir():
-        return
-    for folder, dirs, files in os.walk(out, topdown=False):
-        for name in files:
-            path = Path(folder, name)
-            if path.relative_to(out).as_posix() not in keep:
-                path.unlink()
-        for name in dirs:
-            path = Path(folder, name)
-            if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
-                path.rmdir()

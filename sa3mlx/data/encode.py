@@ -27,7 +27,7 @@ from sa3mlx.data.encode_cache import LatentCache, copy_atomic, entry_key, remove
 from sa3mlx.models.config import AutoencoderConfig
 from sa3mlx.models.same import SameEncoder, autoencoder_config, load_same_encoder
 from sa3mlx.models.same_chunked import encode_long, latent_mask
-from sa3mlx.runtime.io import atomic_path, save_json, sha256_file
+from sa3mlx.runtime.io import atomic_path, remove_stale, save_json, sha256_file
 
 AUDIO_EXTENSIONS = (".wav", ".flac")  # what `normalize` writes
 ENCODER_FILE = "same_encoder.npz"
@@ -265,7 +265,8 @@ def encode_dir(normalized: str | os.PathLike, latents: str | os.PathLike, cache:
             summary.skipped += 1
             progress.cached(index, rel)
     if shard is None:
-        _remove_stale(latents, written)
+        remove_temporaries(latents)
+        remove_stale(latents, written)
         save_json(latents / DETAILS_FILE, details(codec, options, model, normalized, summary))
     summary.wall = time.perf_counter() - started
     return summary
@@ -312,20 +313,4 @@ def details(codec: Codec, options: EncodeOptions, model: str, normalized: Path, 
             "input_dir": normalized.as_posix(), "num_files": summary.total - len(summary.errors),
             "seconds_total": round(summary.seconds_total, 3), "num_errors": len(summary.errors),
             "encode": {k: v for k, v in options.fingerprint().items() if k != "version"}}
-
-
-def _remove_stale(out: Path, keep: set[str]) -> None:
-    """Delete files an earlier run left in `out` that this run did not write, then empty folders."""
-    if not out.is_dir():
-        return
-    remove_temporaries(out)
-    for folder, dirs, files in os.walk(out, topdown=False):
-        for name in files:
-            path = Path(folder, name)
-            if path.relative_to(out).as_posix() not in keep:
-                path.unlink()
-        for name in dirs:
-            path = Path(folder, name)
-            if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
-                path.rmdir()
 

@@ -52,3 +52,18 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def remove_stale(out: Path, keep: set[str]) -> None:
+    """Delete the files under `out` whose relative POSIX path is not in `keep`, then empty folders."""
+    if not out.is_dir():
+        return
+    for folder, dirs, files in os.walk(out, topdown=False):
+        for name in files:
+            path = Path(folder, name)
+            if path.relative_to(out).as_posix() not in keep:
+                path.unlink()
+        for name in dirs:
+            path = Path(folder, name)
+            if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+                path.rmdir()

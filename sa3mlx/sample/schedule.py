@@ -1,17 +1,16 @@
-"""Sampling schedules: the log-SNR timestep shift and `build_schedule`, in fp32 as torch does.
+"""Sampling schedules (`build_schedule`), in fp32 as torch builds them.
 
-Convention: t = 1 is pure noise, t = 0 is data. The SA3 inference default is
-`LogSNRShift(rate=0, anchor_logsnr=-6.2, logsnr_end=2.0)`, i.e. t' = sigmoid(8.2·t − 2)
-with exact endpoints, independent of the sequence length.
+Convention: t = 1 is pure noise, t = 0 is data. The SA3 inference default shift is
+`LogSNRShift(rate=0, anchor_logsnr=-6.2, logsnr_end=2.0)` (`shifts.SA3_SAMPLING_SHIFT`), i.e.
+t' = sigmoid(8.2·t − 2) with exact endpoints, independent of the sequence length.
 """
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from sa3mlx.models.fourier import torch_linspace_f32
-from sa3mlx.sample.shifts import SA3_SAMPLING_SHIFT, LogSNRShift, sigmoid_f32
+from sa3mlx.sample.shifts import SA3_SAMPLING_SHIFT
 
 
 def build_schedule(steps: int, sigma_max: float = 1.0, shift=SA3_SAMPLING_SHIFT, effective_seq_len=None,
