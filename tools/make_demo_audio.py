@@ -27,7 +27,8 @@ from mutagen.flac import FLAC
 from mutagen.id3 import ID3, TALB, TBPM, TCOM, TCON, TDRC, TIT2, TPE1, TPUB
 from mutagen.oggvorbis import OggVorbis
 
-from demo_synth import clip_house_drums, clip_bass_line, clip_piano_chords, clip_ambient, clip_funk_groove, clip_arp_lead, clip_dub_chords, clip_lofi_melody
+from demo_synth import (clip_ambient, clip_arp_lead, clip_bass_line, clip_dub_chords, clip_funk_groove,
+                        clip_house_drums, clip_lofi_melody, clip_piano_chords)
 
 REPO = Path(__file__).resolve().parent.parent
 VOCAB_FILE = Path(__file__).resolve().parent / "demo_vocab.txt"
