@@ -84,3 +84,27 @@ def test_checkpoint_names_map_to_mlx_module_paths():
     assert mlx_module_path(SECONDS) is None
     for layer in adaptable_layers(SMALL_MUSIC, 768)[:-1]:
         assert checkpoint_name(mlx_module_path(layer.name)) == layer.name
+
+
+def test_small_music_summary_on_a_random_weight_model(capsys):
+    """Inject the default adapters into a real-size random-weight small-music DiT and count them."""
+    import mlx.core as mx
+
+    from sa3mlx.lora.inject import inject_adapters
+    from sa3mlx.models.conditioning import Conditioner
+    from sa3mlx.models.dit import DiT
+
+    mx.random.seed(0)
+    dit, cond = DiT(SMALL_MUSIC), Conditioner(768)
+    layers = inject_adapters(dit, cond, LoRAConfig())
+    trainable = sum(v.size for _, v in _leaves(dit.trainable_parameters()) + _leaves(cond.trainable_parameters()))
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    print(line)
+    assert line.endswith("141 layers, 423 keys, 9,212,672 parameters")
+    assert len(layers) == 141 and trainable == 9_212_672
+
+
+def _leaves(tree):
+    from mlx.utils import tree_flatten
+
+    return tree_flatten(tree)
