@@ -3,12 +3,13 @@
 import sa3mlx  # noqa: F401  (BLAS set-up first)
 
 from sa3mlx.convert.model import ConvertOptions, convert_source
-from sa3mlx.runtime.params import load_params
+from sa3mlx.runtime.params import stage_params
 
 
 def main() -> None:
-    models = load_params("model")
-    options = ConvertOptions.from_params(load_params("convert"))
+    params = stage_params("convert")
+    models = params["model"]
+    options = ConvertOptions.from_params(params["convert"])
     for role in ("base", "arc"):
         name = models[role]
         manifest = convert_source(f"models/{name}", f"models/converted/{name}", options)

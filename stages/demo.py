@@ -12,7 +12,7 @@ from pathlib import Path
 import sa3mlx  # noqa: F401  (BLAS set-up first, as in every stage)
 
 from sa3mlx.lora.checkpoint import read_lora
-from sa3mlx.runtime.params import load_params
+from sa3mlx.runtime.params import stage_params
 from sa3mlx.sample.demo_entries import parse_entries
 from sa3mlx.sample.demo_models import DemoModels
 from sa3mlx.sample.render import RenderOptions, render_demos
@@ -38,7 +38,8 @@ def main() -> int:
     parser.add_argument("adapter", nargs="?", default="models/lora",
                         help="the trained adapter (dvc.yaml passes train's output); default: the one in models/lora")
     args = parser.parse_args()
-    params, model = load_params("demo"), load_params("model")
+    declared = stage_params("demo")
+    params, model = declared["demo"], declared["model"]
     adapter = adapter_file(args.adapter)
     step = int(read_lora(adapter).config.get("step") or 0)
     entries = parse_entries(params["entries"], params.get("defaults"))

@@ -12,7 +12,7 @@ import sys
 import sa3mlx  # noqa: F401  (BLAS set-up first, as in every stage)
 
 from sa3mlx.data.encode import Codec, EncodeOptions, encode_dir
-from sa3mlx.runtime.params import load_params
+from sa3mlx.runtime.params import stage_params
 
 NORMALIZED, LATENTS, CACHE = "data/normalized", "data/latents", "data/encode_cache"
 
@@ -22,11 +22,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shard", help="i/n: encode only this share of the files")
     args = parser.parse_args()
-    params = load_params("encode")
+    params = stage_params("encode")
+    settings = dict(params["encode"])
     if args.shard is not None:
-        params["shard"] = args.shard
-    options = EncodeOptions.from_params(params)
-    model = load_params("model")["base"]
+        settings["shard"] = args.shard
+    options = EncodeOptions.from_params(settings)
+    model = params["model"]["base"]
     codec = Codec.open(f"models/converted/{model}")
     share = f", shard {options.shard}" if options.shard else ""
     print(f"encode: {NORMALIZED} -> {LATENTS} with the SAME encoder of {model} (fp32; chunks of "

@@ -12,12 +12,12 @@ import time
 import sa3mlx  # noqa: F401  (BLAS set-up first, as in every stage)
 
 from sa3mlx.lora.bases import bases_metadata, compute_svd_file
-from sa3mlx.runtime.params import load_params
+from sa3mlx.runtime.params import stage_params
 
 
 def main() -> int:
-    base = load_params("model")["base"]
-    params = load_params("svd")
+    declared = stage_params("svd")
+    base, params = declared["model"]["base"], declared["svd"]
     source, out_dir = f"models/converted/{base}", f"models/svd/{base}"
     start = time.perf_counter()
     path = compute_svd_file(source, out_dir, int(params["max_rank"]), params["precision"])

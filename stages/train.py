@@ -12,7 +12,7 @@ import sys
 
 import sa3mlx  # noqa: F401  (BLAS set-up first, as in every stage)
 
-from sa3mlx.runtime.params import load_params
+from sa3mlx.runtime.params import stage_params
 from sa3mlx.train.job import TrainJob
 
 
@@ -21,7 +21,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="run the resume smoke test (as train.smoke: true)")
     args = parser.parse_args()
-    job = TrainJob.from_params(load_params("train"), base=load_params("model")["base"])
+    params = stage_params("train")
+    job = TrainJob.from_params(params["train"], base=params["model"]["base"])
     return job.smoke() if args.smoke else job.run()
 
 

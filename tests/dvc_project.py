@@ -1,6 +1,7 @@
 """A throwaway git+dvc copy of this project, for tests that run the real `dvc` command line."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -10,14 +11,15 @@ ROOT = Path(__file__).resolve().parents[1]
 PROJECT_FILES = ("dvc.yaml", "params.yaml", "stages", "sa3mlx", "models/tiny-base", "models/tiny-arc", "data/raw")
 
 
-def tool_env() -> dict:
+def tool_env(extra: dict | None = None) -> dict:
     """The environment with this interpreter's bin first on PATH, so `dvc` and stage `python` are the venv's."""
-    return {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}"}
+    return {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}",
+            **(extra or {})}
 
 
-def run(cmd, cwd, timeout=600):
-    """Run a command in `cwd`; fail the test on a non-zero exit; return stdout + stderr."""
-    result = subprocess.run(cmd, cwd=cwd, env=tool_env(), capture_output=True, text=True, timeout=timeout)
+def run(cmd, cwd, timeout=600, env: dict | None = None):
+    """Run a command in `cwd` (`env`: extra variables); fail the test on a non-zero exit; return stdout + stderr."""
+    result = subprocess.run(cmd, cwd=cwd, env=tool_env(env), capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, f"{' '.join(map(str, cmd))}\n{result.stdout}\n{result.stderr}"
     return result.stdout + result.stderr
 
@@ -51,3 +53,19 @@ def make_project(dst: Path, names=PROJECT_FILES) -> Path:
 def commit_all(path: Path, message: str = "pipeline") -> None:
     run(["git", "add", "-A"], path)
     run(["git", "commit", "-q", "-m", message], path)
+
+
+def ran_stages(output: str) -> list[str]:
+    """The stages whose command `dvc repro` / `dvc exp run` executed, in order."""
+    return re.findall(r"Running stage '([^']+)'", output)
+
+
+def restored_stages(output: str) -> list[str]:
+    """The stages DVC restored from its run-cache instead of running."""
+    return re.findall(r"Stage '([^']+)' is cached - skipping run", output)
+
+
+def fork(project: Path, dst: Path) -> Path:
+    """A copy of a (reproduced) project, its git repo and DVC cache included, for a test that changes it."""
+    shutil.copytree(project, dst, symlinks=True)
+    return dst

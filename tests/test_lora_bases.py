@@ -94,6 +94,7 @@ def test_stage_script_reads_its_params(converted, tmp_path):
     (project / "models" / "converted" / "tiny-base").symlink_to(converted)
     (project / "params.yaml").write_text(json.dumps({"model": {"base": "tiny-base"},
                                                       "svd": {"max_rank": 8, "precision": "float32"}}))
+    (project / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())  # the stage reads what it declares
     result = subprocess.run([sys.executable, str(ROOT / "stages" / "svd.py")], cwd=project, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr

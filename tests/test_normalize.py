@@ -195,9 +195,11 @@ def test_options_reject_unknown_or_bad_params():
 
 
 def stage_project(tmp_path, files, **params):
-    """A folder with params.yaml (defaults + overrides) and data/raw holding `files`."""
+    """A folder with dvc.yaml (the stage reads the params it declares), params.yaml (defaults +
+    overrides) and data/raw holding `files`."""
     section = {**yaml.safe_load((ROOT / "params.yaml").read_text())["normalize"], **params}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"normalize": section}))
+    shutil.copyfile(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
     raw = tmp_path / "data" / "raw"
     raw.mkdir(parents=True)
     for name, content in files.items():

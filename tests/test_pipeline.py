@@ -1,4 +1,5 @@
-"""The DVC pipeline on the embedded default, run with real `dvc` in a throwaway git repo."""
+"""The convert stage under real `dvc` in a throwaway git repo (the whole pipeline's behaviour is in
+test_pipeline_behaviour.py)."""
 
 import numpy as np
 import pytest
@@ -10,17 +11,6 @@ from dvc_project import make_project, run
 @pytest.fixture
 def project(tmp_path):
     return make_project(tmp_path)
-
-
-def test_repro_converts_then_does_nothing(project):
-    first = run(["dvc", "repro"], project)
-    assert "Running stage 'convert'" in first
-    for name in ("tiny-base", "tiny-arc"):
-        with np.load(project / "models" / "converted" / name / "dit.npz") as f:
-            assert len(f.files) == 63
-    second = run(["dvc", "repro"], project)
-    assert "Running stage" not in second
-    assert "up to date" in run(["dvc", "status"], project)
 
 
 def test_changing_a_convert_param_reruns_convert(project):

@@ -1,7 +1,8 @@
 """One run of the `train` stage: params -> session, data, run directory, resume decision, loop,
 the final adapter; and the smoke test.
 
-    job = TrainJob.from_params(load_params("train"), base=load_params("model")["base"])
+    params = stage_params("train")   # sa3mlx.runtime.params: the declared keys only
+    job = TrainJob.from_params(params["train"], base=params["model"]["base"])
     sys.exit(job.run())          # or job.smoke()
 
 The stage's outputs: `models/lora/<name>.safetensors` (the final adapter, DVC-cached, what
