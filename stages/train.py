@@ -5,6 +5,7 @@
 Checkpoints and resume states go to runs/<name>/ (kept across runs: a rerun resumes when only
 max_steps / max_minutes changed, and starts over otherwise), curves to dvclive/train/.
 `touch runs/<name>/SAVE_NOW` or SIGUSR1 saves after the current step; Ctrl-C saves and exits.
+With `train.demos.every` > 0, demos are rendered into runs/<name>/demos/ as training goes.
 """
 
 import argparse
@@ -22,7 +23,7 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="run the resume smoke test (as train.smoke: true)")
     args = parser.parse_args()
     params = stage_params("train")
-    job = TrainJob.from_params(params["train"], base=params["model"]["base"])
+    job = TrainJob.from_params(params["train"], base=params["model"]["base"], arc=params["model"]["arc"])
     return job.smoke() if args.smoke else job.run()
 
 

@@ -125,6 +125,7 @@ def demo_latents(models: DemoModels, entry: DemoEntry, renderable: Renderable, l
     """Sample one demo's latents [1, C, latents] (seeded noise: baseline and adapter share it)."""
     config = models.config(entry.arc)
     live = renderable.live
+    found = {name: layer.strength for name, layer in live.layers.items()} if live is not None else {}
     if live is not None:
         live.set_strength(renderable.strength)  # DiT and conditioner, as set_lora_strength
     try:
@@ -144,8 +145,8 @@ def demo_latents(models: DemoModels, entry: DemoEntry, renderable: Renderable, l
         sigmas = demo_schedule(entry, config, latents)
         return run_sampler(velocity, x_init, sigmas, entry.sampler, seeded_noise(step_key, entry.steps))
     finally:
-        if live is not None:
-            live.set_strength(1.0)  # as underfit: adapters back at full strength after a demo
+        for name, strength in found.items():  # back as found (a trainer's adapters: 1.0, as underfit)
+            live.layers[name].strength = strength
 
 
 def decode_audio(models: DemoModels, latents: mx.array, arc: bool, keep: int, options: RenderOptions) -> np.ndarray:

@@ -2,13 +2,15 @@
 the final adapter; and the smoke test.
 
     params = stage_params("train")   # sa3mlx.runtime.params: the declared keys only
-    job = TrainJob.from_params(params["train"], base=params["model"]["base"])
+    job = TrainJob.from_params(params["train"], base=params["model"]["base"], arc=params["model"]["arc"])
     sys.exit(job.run())          # or job.smoke()
 
 The stage's outputs: `models/lora/<name>.safetensors` (the final adapter, DVC-cached, what
 `demo` reads), `runs/<name>/` (checkpoints + resume states, `persist`) and `dvclive/train/`
 (curves, `persist`). The run resumes from `runs/<name>/` only when the fingerprint of the
-settings (all but max_steps / max_minutes) and of the stage's declared inputs matches.
+settings (all but max_steps / max_minutes) and of the stage's declared inputs matches; the
+in-training demos (`train.demos`, the ARC model, the rendering code) are left out of it: changing
+them reruns the stage, which resumes.
 """
 
 from __future__ import annotations
@@ -26,13 +28,20 @@ from sa3mlx.data.dataset import BatchLoader, EpochSampler, PreEncodedDataset
 from sa3mlx.lora.types import adapter_kind
 from sa3mlx.models.config import ModelConfig
 from sa3mlx.train import progress as P
+from sa3mlx.train.demos import DemoSettings, TrainDemos
 from sa3mlx.train.loop import LoopSettings, TrainingLoop
 from sa3mlx.train.metrics import TrainingMetrics
 from sa3mlx.train.presets import TrainConfig, resolve
 from sa3mlx.train.resume import fingerprint, fingerprint_inputs, load_resume, prepare_run, resume_files
 from sa3mlx.train.runs import RunPaths, copy_atomic
 
-STAGE_KEYS = ("preset", "name", "smoke", "init_from", "step_offset", "epoch_offset")  # not TrainConfig fields
+STAGE_KEYS = ("preset", "name", "smoke", "init_from", "step_offset", "epoch_offset", "demos")  # not TrainConfig fields
+# deps that only the in-training demos read: declared (DVC reruns the stage) but not fingerprinted (it resumes)
+DEMO_DEPS = ("models/converted/${model.arc}", "sa3mlx/models/patching.py", "sa3mlx/models/same.py",
+             "sa3mlx/models/same_chunked.py", "sa3mlx/models/same_layers.py", "sa3mlx/sample/audio_out.py",
+             "sa3mlx/sample/demo_entries.py", "sa3mlx/sample/demo_models.py", "sa3mlx/sample/pictures.py",
+             "sa3mlx/sample/render.py", "sa3mlx/sample/report.py", "sa3mlx/sample/samplers.py",
+             "sa3mlx/sample/schedule.py")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 SMOKE_STEPS = (3, 3)  # steps before the save, steps after the resume
 
@@ -49,15 +58,18 @@ class TrainJob:
     epoch_offset: int | None = None
     root: Path = Path(".")
     dvc_file: str = "dvc.yaml"
+    arc: str | None = None  # model.arc: the ARC model of the in-training demos
+    demos: DemoSettings = DemoSettings()
 
     @classmethod
-    def from_params(cls, params: dict, base: str, root: str | Path = ".") -> "TrainJob":
+    def from_params(cls, params: dict, base: str, root: str | Path = ".", arc: str | None = None) -> "TrainJob":
         stage = {k: params[k] for k in STAGE_KEYS if k in params}
         overrides = {k: v for k, v in params.items() if k not in STAGE_KEYS}
         cfg = resolve(stage.get("preset"), overrides)
         job = cls(cfg, base, name=stage.get("name") or "lora", preset=stage.get("preset"),
                   smoke_mode=bool(stage.get("smoke", False)), init_from=stage.get("init_from"),
-                  step_offset=stage.get("step_offset"), epoch_offset=stage.get("epoch_offset"), root=Path(root))
+                  step_offset=stage.get("step_offset"), epoch_offset=stage.get("epoch_offset"), root=Path(root),
+                  arc=arc, demos=DemoSettings.from_params(stage.get("demos")))
         if not NAME_RE.fullmatch(job.name):
             raise ValueError(f"train.name '{job.name}' must be letters, digits, '.', '_' or '-' "
                              "(it names folders and files)")
@@ -73,6 +85,10 @@ class TrainJob:
     @property
     def svd_dir(self) -> Path:
         return self.root / "models" / "svd" / self.base
+
+    @property
+    def arc_dir(self) -> Path | None:
+        return self.root / "models" / "converted" / self.arc if self.arc else None
 
     @property
     def latents(self) -> Path:
@@ -99,8 +115,13 @@ class TrainJob:
         stage = yaml.safe_load(path.read_text()).get("stages", {}).get("train")
         if stage is None:
             return None
+        return {"deps": [self._fill(d) for d in stage.get("deps", [])], "params": stage.get("params", [])}
+
+    def _fill(self, text: str) -> str:
         values = {"model.base": self.base, "train.name": self.name}
-        return {"deps": [_fill(d, values) for d in stage.get("deps", [])], "params": stage.get("params", [])}
+        if self.arc:
+            values["model.arc"] = self.arc
+        return _fill(text, values)
 
     def check_declared(self, params: dict) -> None:
         """Every `train.<key>` read here must be a declared param of the stage, or DVC would not
@@ -123,7 +144,8 @@ class TrainJob:
         if self.uses_svd():
             inputs[f"models/svd/{self.base}"] = self.svd_dir
         if declared is not None:
-            inputs.update({dep: self.root / dep for dep in declared["deps"]})
+            demo_only = {self._fill(dep) for dep in DEMO_DEPS}
+            inputs.update({dep: self.root / dep for dep in declared["deps"] if dep not in demo_only})
         if self.init_from:
             inputs["init_from"] = self.root / self.init_from
         return fingerprint_inputs(settings, inputs)
@@ -160,7 +182,8 @@ class TrainJob:
         session, loader = self.build()
         settings = LoopSettings.from_config(self.cfg, fingerprint=key, fingerprint_inputs=payload)
         metrics = TrainingMetrics(self.metrics_dir, choice.state.step if choice.state else None)
-        loop = TrainingLoop(session, loader, run, settings, metrics=metrics, out=out)
+        demos = self.demo_hook(session, run, fresh=choice.state is None, out=out)
+        loop = TrainingLoop(session, loader, run, settings, metrics=metrics, out=out, on_step=demos)
         if choice.state is not None:
             loop.restore(choice.state, choice.checkpoint)
         elif self.init_from:
@@ -173,6 +196,15 @@ class TrainJob:
             P.emit("train: nothing was trained and the run has no checkpoint", out)
             return 1
         return result.exit_code
+
+    def demo_hook(self, session, run: RunPaths, fresh: bool, out: IO) -> TrainDemos | None:
+        """The loop's demo hook (None when `train.demos.every` is 0 or there are no entries)."""
+        if not self.demos.on:
+            return None
+        P.emit(f"train: demos every {self.demos.every} steps ({len(self.demos.entries)} entries) -> {run.demos}", out)
+        return TrainDemos(self.demos, session, run.demos, self.model_dir, self.arc_dir,
+                          svd_dir=self.svd_dir if self.uses_svd() else None, label=run.label, fresh=fresh,
+                          say=lambda line: P.emit(line, out))
 
     def describe(self) -> str:
         cfg = self.cfg

@@ -5,6 +5,11 @@ checkpoint cadence, resume states, guards.
     loop.restore(state)          # or loop.start_from_adapter(path); neither: a fresh run
     result = loop.run()          # LoopResult: status done / interrupted / nonfinite, last checkpoint
 
+Hooks: `on_checkpoint(path, step)` after each save; `on_step(step, checkpoint)` once before the
+first step of `run()` and after each step that does not stop the run early, after that step's
+save (`checkpoint`: the file of this step, else None) — e.g. in-training demos (`train/demos.py`).
+Neither may touch the session's state: what they do must leave a resumed run bit-exact.
+
 Each step's random numbers come from a generator seeded by (seed, global step), and the data
 order from the sampler's position, so a run resumed from a checkpoint continues bit-exactly.
 The epoch counter follows underfit: it advances when the data is exhausted and once more when
@@ -76,10 +81,12 @@ def batch_inputs(batch) -> dict:
 
 class TrainingLoop:
     def __init__(self, session, loader: BatchLoader, run: RunPaths, settings: LoopSettings,
-                 metrics=None, out: IO | None = None, on_checkpoint=None):
-        """`on_checkpoint(path, step)` runs after each save (e.g. demos: always after the save)."""
+                 metrics=None, out: IO | None = None, on_checkpoint=None, on_step=None):
+        """`on_checkpoint(path, step)` runs after each save; `on_step(step, checkpoint)` at the
+        start of `run()` and after each step and its save (see the module docstring)."""
         self.session, self.loader, self.run_paths, self.settings = session, loader, run, settings
         self.metrics, self.out, self.on_checkpoint = metrics, out or sys.stdout, on_checkpoint
+        self.on_step = on_step
         self.global_step = 0
         self.epoch_offset = 0  # epochs before this sampler's epoch 0 (a bare-adapter resume)
         self.elapsed_seconds = 0.0  # training wall time, across resumes
@@ -130,15 +137,18 @@ class TrainingLoop:
 
     def run(self) -> LoopResult:
         self._announce()
-        status = "done"
+        status, first_step = "done", self.global_step
         with SaveRequests(self.run_paths.save_now, self.out) as requests, \
                 P.LossByTimestepLog(self.run_paths.demos / P.LOSS_BY_TIMESTEP_FILE) as lbt:
+            self._step_done()
             epoch = self.epoch
             while self.global_step < self.target_step() and status == "done":
                 epoch, status = self._run_epoch(requests, lbt)
             if status == "done" and self._saved_step != self.global_step:
                 # underfit's epoch counter advances once more when the run ends at its target
                 self.save_checkpoint(epoch + 1, final=True)
+            if status == "done" and self.global_step > first_step:
+                self._step_done()  # the last step, after its (final) save
         if self.metrics is not None:
             self.metrics.close()
         if status == "done":
@@ -170,7 +180,8 @@ class TrainingLoop:
             self._log_metrics(result, seconds)
             status = self._after_step(finite, result, seconds, epoch, requests)
             if status != "done" or self.global_step >= self.target_step():
-                break
+                break  # the last step's hook runs after the final save (run)
+            self._step_done()
         bar.close()
         self._bar = None
         return epoch, status
@@ -229,6 +240,17 @@ class TrainingLoop:
             loop={"epoch_offset": self.epoch_offset, "elapsed_seconds": self.elapsed_seconds,
                   "guard": self.guard.state_dict()},
             fingerprint_inputs=self.settings.fingerprint_inputs or {})
+
+    def _step_done(self) -> None:
+        """The `on_step` hook for the current step, with the bar cleared while it runs."""
+        if self.on_step is None:
+            return
+        checkpoint = self.last_checkpoint if self._saved_step == self.global_step else None
+        if self._bar is None:
+            self.on_step(self.global_step, checkpoint)
+            return
+        with P.bar_paused(self._bar):
+            self.on_step(self.global_step, checkpoint)
 
     # ---- helpers ------------------------------------------------------------------------------
 
