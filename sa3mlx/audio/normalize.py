@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +27,7 @@ from sa3mlx.audio.scan import Listing, scan
 from sa3mlx.audio.tags import find_tags
 from sa3mlx.audio.write import FORMATS, write_audio
 from sa3mlx.runtime.io import remove_stale, save_json
+from sa3mlx.runtime.params import dataclass_from_params
 
 LATENT_SAMPLES = 4096  # audio samples per SAME latent frame (SA3's codecs downsample by 4096)
 REPORT_NAME = "report.json"
@@ -44,11 +45,7 @@ class Options:
 
     @classmethod
     def from_params(cls, params: dict) -> "Options":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(params) - known)
-        if unknown:
-            raise ValueError(f"normalize: unknown params {unknown}; known: {sorted(known)}")
-        options = cls(**params)
+        options = dataclass_from_params(cls, params, "normalize")
         options.validate()
         if not isinstance(options.strict, bool):
             raise ValueError(f"normalize.strict {options.strict!r}: expected true or false")

@@ -16,7 +16,7 @@ import io
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
 import mlx.core as mx
@@ -28,6 +28,7 @@ from sa3mlx.models.config import AutoencoderConfig
 from sa3mlx.models.same import SameEncoder, autoencoder_config, load_same_encoder
 from sa3mlx.models.same_chunked import encode_long, latent_mask
 from sa3mlx.runtime.io import atomic_path, remove_stale, save_json, sha256_file
+from sa3mlx.runtime.params import dataclass_from_params
 
 AUDIO_EXTENSIONS = (".wav", ".flac")  # what `normalize` writes
 ENCODER_FILE = "same_encoder.npz"
@@ -48,11 +49,7 @@ class EncodeOptions:
 
     @classmethod
     def from_params(cls, params: dict) -> "EncodeOptions":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(params) - known)
-        if unknown:
-            raise ValueError(f"encode: unknown params {unknown}; known: {sorted(known)}")
-        options = cls(**params)
+        options = dataclass_from_params(cls, params, "encode")
         options.validate()
         return options
 

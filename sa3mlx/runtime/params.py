@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import dataclasses
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -154,3 +155,12 @@ def stage_params(stage: str, root: str | Path = ".") -> StageParams:
 
 def write_audit(usage: ParamsUsage, folder: Path) -> None:
     save_json(folder / f"{usage.stage}.json", usage.record())
+
+
+def dataclass_from_params(cls, params: Mapping, section: str):
+    """`cls(**params)` for an options dataclass; unknown keys are a clear error naming the section."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise ValueError(f"{section}: unknown params {unknown}; known: {sorted(known)}")
+    return cls(**params)
