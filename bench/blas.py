@@ -18,10 +18,10 @@ import subprocess
 import sys
 import time
 
-import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 import mlx.core as mx
 import numpy as np
 
+import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 from sa3mlx.runtime import blas
 
 TARGET_RATIO = 0.8
@@ -38,7 +38,7 @@ def median_seconds(fn, repeats: int) -> float:
 
 
 def gflops(n: int, seconds: float) -> float:
-    return 2 * n ** 3 / seconds / 1e9
+    return 2 * n**3 / seconds / 1e9
 
 
 def mlx_gemm(n: int, repeats: int) -> float:
@@ -55,8 +55,10 @@ def numpy_gemm(n: int, repeats: int) -> float:
 
 def reference_blas(sizes: list[int], repeats: int) -> dict:
     """MLX GEMM with the bundled reference BLAS, measured in a child process."""
-    code = (f"import json, sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import blas as b; "
-            f"print(json.dumps({{n: b.mlx_gemm(n, {repeats}) for n in {sizes!r}}}))")
+    code = (
+        f"import json, sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import blas as b; "
+        f"print(json.dumps({{n: b.mlx_gemm(n, {repeats}) for n in {sizes!r}}}))"
+    )
     env = {**os.environ, "SA3MLX_BLAS": "off"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     return {int(k): v for k, v in json.loads(out.stdout).items()} if out.returncode == 0 else {}
@@ -70,8 +72,10 @@ def main() -> int:
     args = parser.parse_args()
 
     status = blas.status()
-    print(f"MLX {mx.__version__} on {mx.default_device()}; BLAS: {status['library'] or 'bundled'} "
-          f"({status['source'] or 'reference'})")
+    print(
+        f"MLX {mx.__version__} on {mx.default_device()}; BLAS: {status['library'] or 'bundled'} "
+        f"({status['source'] or 'reference'})"
+    )
     reference = {} if args.no_reference or not status["library"] else reference_blas(args.sizes[:2], 3)
     print(f"{'n':>6} {'mlx GF/s':>10} {'numpy GF/s':>11} {'ratio':>7} {'ref-BLAS GF/s':>14}")
     ratio = 0.0

@@ -17,12 +17,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 import mlx.core as mx
 import numpy as np
-
 from dit import PROMPT_TOKENS, SIZES  # bench/dit.py: the official DiT sizes
 from same import SAME_S, randomize  # bench/same.py: the SAME-S codec config, random init
+
+import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 from sa3mlx.models.conditioning import DiTInputs
 from sa3mlx.models.config import AutoencoderConfig
 from sa3mlx.models.dit import DiT
@@ -41,9 +41,11 @@ def render(dit: DiT, decoder: SameDecoder, latents: int, steps: int, arc: bool, 
     """One demo; wall seconds of sampling, decoding and writing."""
     key = mx.random.key(0)
     cfg = dit.config
-    inputs = DiTInputs(mx.random.normal((1, PROMPT_TOKENS, cfg.cond_token_dim), key=key),
-                       mx.random.normal((1, cfg.global_cond_dim), key=key),
-                       mx.zeros((1, cfg.local_add_cond_dim, latents)))
+    inputs = DiTInputs(
+        mx.random.normal((1, PROMPT_TOKENS, cfg.cond_token_dim), key=key),
+        mx.random.normal((1, cfg.global_cond_dim), key=key),
+        mx.zeros((1, cfg.local_add_cond_dim, latents)),
+    )
     velocity = GuidedVelocity(dit, inputs, cfg_scale=1.0 if arc else 7.0)
     x = mx.random.normal((1, cfg.io_channels, latents), key=key)
     times = {}
@@ -83,18 +85,24 @@ def main() -> None:
     latents = -(-round(args.seconds * SAMPLE_RATE) // 4096)
     latents += latents % 2  # SAME-S latent modulo
     audio_seconds = latents * 4096 / SAMPLE_RATE
-    print(f"small-music DiT depth {cfg.depth}, SAME-S decoder, random weights; {latents} latents "
-          f"= {audio_seconds:.1f} s of audio per demo; device {mx.default_device()}")
+    print(
+        f"small-music DiT depth {cfg.depth}, SAME-S decoder, random weights; {latents} latents "
+        f"= {audio_seconds:.1f} s of audio per demo; device {mx.default_device()}"
+    )
     print(f"{'demo':<22}{'sample s':>10}{'decode s':>10}{'write s':>9}{'total s':>9}{'x realtime':>12}")
     with tempfile.TemporaryDirectory() as tmp:
         render(dit, decoder, latents, 1, True, Path(tmp))  # warm-up
-        demos = {"arc": (f"ARC {args.arc_steps} steps cfg 1", args.arc_steps, True),
-                 "base": (f"base {args.base_steps} steps cfg 7", args.base_steps, False)}
+        demos = {
+            "arc": (f"ARC {args.arc_steps} steps cfg 1", args.arc_steps, True),
+            "base": (f"base {args.base_steps} steps cfg 7", args.base_steps, False),
+        }
         for name, steps, arc in (demos[d] for d in args.demos):
             times = render(dit, decoder, latents, steps, arc, Path(tmp))
             total = sum(times.values())
-            print(f"{name:<22}{times['sample']:10.2f}{times['decode']:10.2f}{times['write']:9.2f}"
-                  f"{total:9.2f}{audio_seconds / total:12.3f}")
+            print(
+                f"{name:<22}{times['sample']:10.2f}{times['decode']:10.2f}{times['write']:9.2f}"
+                f"{total:9.2f}{audio_seconds / total:12.3f}"
+            )
 
 
 if __name__ == "__main__":

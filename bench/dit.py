@@ -14,22 +14,42 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 import mlx.core as mx
-
 from blas import median_seconds, mlx_gemm  # bench/blas.py: shared GEMM measurement and timing
+
+import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 from sa3mlx.models.config import DiTConfig
 from sa3mlx.models.dit import DiT
 
 TARGET = 0.5
 PROMPT_TOKENS = 257  # 256 prompt tokens + the seconds token
 SIZES = {  # the official small-music and medium DiT configs
-    "small": DiTConfig(io_channels=256, embed_dim=1024, depth=20, num_heads=16, cond_token_dim=768,
-                       global_cond_dim=768, local_add_cond_dim=257, num_memory_tokens=64,
-                       timestep_features_dim=256, ff_inner=4096, differential=False),
-    "medium": DiTConfig(io_channels=256, embed_dim=1536, depth=24, num_heads=24, cond_token_dim=768,
-                        global_cond_dim=768, local_add_cond_dim=257, num_memory_tokens=64,
-                        timestep_features_dim=256, ff_inner=6144, differential=True),
+    "small": DiTConfig(
+        io_channels=256,
+        embed_dim=1024,
+        depth=20,
+        num_heads=16,
+        cond_token_dim=768,
+        global_cond_dim=768,
+        local_add_cond_dim=257,
+        num_memory_tokens=64,
+        timestep_features_dim=256,
+        ff_inner=4096,
+        differential=False,
+    ),
+    "medium": DiTConfig(
+        io_channels=256,
+        embed_dim=1536,
+        depth=24,
+        num_heads=24,
+        cond_token_dim=768,
+        global_cond_dim=768,
+        local_add_cond_dim=257,
+        num_memory_tokens=64,
+        timestep_features_dim=256,
+        ff_inner=6144,
+        differential=True,
+    ),
 }
 
 
@@ -37,13 +57,22 @@ def matmul_flops(cfg: DiTConfig, T: int, N: int = PROMPT_TOKENS) -> tuple[float,
     """(linear-layer FLOPs, attention-score/value FLOPs) of one forward, batch 1."""
     E, C, F, L = cfg.embed_dim, cfg.io_channels, cfg.ff_inner, cfg.num_memory_tokens + T
     pairs = 2 if cfg.differential else 1  # differential attention runs two SDPAs
-    per_block = (L * E * (5 if cfg.differential else 3) * E  # to_qkv
-                 + L * E * E * (1 + pairs) + N * E * (1 + pairs) * E  # self to_out; cross to_q, to_kv
-                 + L * E * E  # cross to_out
-                 + T * cfg.local_add_cond_dim * E + T * E * E  # to_local_embed
-                 + L * E * 2 * F + L * F * E)  # SwiGLU
-    top = (N * cfg.cond_token_dim * E + N * E * E  # to_cond_embed
-           + 2 * T * C * C + 2 * T * C * E)  # pre/post convs, project_in/out
+    per_block = (
+        L * E * (5 if cfg.differential else 3) * E  # to_qkv
+        + L * E * E * (1 + pairs)
+        + N * E * (1 + pairs) * E  # self to_out; cross to_q, to_kv
+        + L * E * E  # cross to_out
+        + T * cfg.local_add_cond_dim * E
+        + T * E * E  # to_local_embed
+        + L * E * 2 * F
+        + L * F * E
+    )  # SwiGLU
+    top = (
+        N * cfg.cond_token_dim * E
+        + N * E * E  # to_cond_embed
+        + 2 * T * C * C
+        + 2 * T * C * E
+    )  # pre/post convs, project_in/out
     attention = pairs * 2 * (L * L * E + L * N * E)  # QK^T and AV, self and cross
     return 2.0 * (cfg.depth * per_block + top), 2.0 * cfg.depth * attention
 
@@ -82,14 +111,21 @@ def main() -> None:
     parser.add_argument("--crop", type=int, default=256, help="latent frames")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--gemm-n", type=int, default=2048)
-    parser.add_argument("--forward-only", nargs="*", default=[], choices=list(SIZES),
-                        help="models to time without the backward pass (e.g. where memory is short)")
+    parser.add_argument(
+        "--forward-only",
+        nargs="*",
+        default=[],
+        choices=list(SIZES),
+        help="models to time without the backward pass (e.g. where memory is short)",
+    )
     args = parser.parse_args()
 
     gemms = [mlx_gemm(args.gemm_n, 5)]
     print(f"MLX {mx.__version__} on {mx.default_device()}; fp32 GEMM n={args.gemm_n}: {gemms[0]:.1f} GFLOP/s")
-    print(f"{'model':<14}{'fwd ms':>10}{'fwd GF/s':>10}{'ratio':>7}{'fwd+bwd ms':>12}{'GF/s':>8}{'ratio':>7}"
-          f"{'peak GB':>9}")
+    print(
+        f"{'model':<14}{'fwd ms':>10}{'fwd GF/s':>10}{'ratio':>7}{'fwd+bwd ms':>12}{'GF/s':>8}{'ratio':>7}"
+        f"{'peak GB':>9}"
+    )
     for name in args.model:
         cfg = SIZES[name] if args.depth is None else dataclasses.replace(SIZES[name], depth=args.depth)
         row = bench_model(name, cfg, args.crop, args.repeats, backward=name not in args.forward_only)
@@ -97,14 +133,21 @@ def main() -> None:
         gemms.append(mlx_gemm(args.gemm_n, 5))  # again after the model: the peak of the two is the reference
         gemm = max(gemms[-2:])
         label = f"{name}/d{cfg.depth}"
-        train = (f"{row['train_ms']:12.0f}{row['train_gflops']:8.1f}{row['train_gflops'] / gemm:7.2f}"
-                 if "train_ms" in row else f"{'(skipped)':>12}{'-':>8}{'-':>7}")
-        print(f"{label:<14}{row['forward_ms']:10.0f}{row['forward_gflops']:10.1f}{row['forward_gflops'] / gemm:7.2f}"
-              f"{train}{row['peak_gb']:9.2f}")
+        train = (
+            f"{row['train_ms']:12.0f}{row['train_gflops']:8.1f}{row['train_gflops'] / gemm:7.2f}"
+            if "train_ms" in row
+            else f"{'(skipped)':>12}{'-':>8}{'-':>7}"
+        )
+        print(
+            f"{label:<14}{row['forward_ms']:10.0f}{row['forward_gflops']:10.1f}{row['forward_gflops'] / gemm:7.2f}"
+            f"{train}{row['peak_gb']:9.2f}"
+        )
         if "train_ms" in row:
             ratio = row["train_gflops"] / gemm
-            print(f"  {label} forward+backward at {ratio:.0%} of GEMM peak {gemm:.1f} GFLOP/s "
-                  f"(target >= {TARGET:.0%}) {'ok' if ratio >= TARGET else 'BELOW TARGET'}")
+            print(
+                f"  {label} forward+backward at {ratio:.0%} of GEMM peak {gemm:.1f} GFLOP/s "
+                f"(target >= {TARGET:.0%}) {'ok' if ratio >= TARGET else 'BELOW TARGET'}"
+            )
 
 
 if __name__ == "__main__":

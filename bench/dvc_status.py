@@ -172,8 +172,15 @@ def bench_layout(count: int, layout: str, shards: int, repeats: int) -> dict:
         status = timed(["dvc", "status"], root, repeats, no_op_status)
         repro = timed(["dvc", "repro"], root, repeats, no_op_repro)
         empty = timed(["dvc", "config", "core.analytics"], root, repeats, lambda out: None)
-    return {"layout": layout, "files": tracked, "build": built, "commit": committed,
-            "status": status, "repro": repro, "startup": statistics.median(empty)}
+    return {
+        "layout": layout,
+        "files": tracked,
+        "build": built,
+        "commit": committed,
+        "status": status,
+        "repro": repro,
+        "startup": statistics.median(empty),
+    }
 
 
 def main() -> None:
@@ -184,14 +191,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     layouts = ("files", "shards") if args.layout == "both" else (args.layout,)
-    print(f"dvc {sh(['dvc', '--version'], Path.cwd()).strip()}, {os.cpu_count()} cores, {args.files} clips, "
-          f"medians of {args.repeats}; target <= 5 s")
+    print(
+        f"dvc {sh(['dvc', '--version'], Path.cwd()).strip()}, {os.cpu_count()} cores, {args.files} clips, "
+        f"medians of {args.repeats}; target <= 5 s"
+    )
     for layout in layouts:
         r = bench_layout(args.files, layout, args.shards, args.repeats)
         runs = lambda key: ", ".join(f"{t:.2f}" for t in r[key])  # noqa: E731
-        print(f"{layout:>6}: {r['files']:6d} tracked files | no-op status {statistics.median(r['status']):5.2f} s "
-              f"({runs('status')}) | no-op repro {statistics.median(r['repro']):5.2f} s ({runs('repro')}) | "
-              f"dvc start-up {r['startup']:.2f} s | build {r['build']:.1f} s, dvc commit {r['commit']:.1f} s")
+        print(
+            f"{layout:>6}: {r['files']:6d} tracked files | no-op status {statistics.median(r['status']):5.2f} s "
+            f"({runs('status')}) | no-op repro {statistics.median(r['repro']):5.2f} s ({runs('repro')}) | "
+            f"dvc start-up {r['startup']:.2f} s | build {r['build']:.1f} s, dvc commit {r['commit']:.1f} s"
+        )
 
 
 if __name__ == "__main__":

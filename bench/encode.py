@@ -18,12 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
-
 from same import SAME_S, SAMPLE_RATE, randomize  # bench/same.py builds the SAME-S codec
+
+import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 from sa3mlx.audio.write import write_float_wav
 from sa3mlx.data.encode import Codec, EncodeOptions, encode_dir
 from sa3mlx.models.config import AutoencoderConfig
@@ -45,8 +45,15 @@ def write_codec(folder: Path) -> AutoencoderConfig:
 
 def timed_run(root: Path, codec_folder: Path, cache: Path) -> tuple[float, str]:
     start = time.perf_counter()
-    summary = encode_dir(root / "normalized", root / "latents", cache, Codec.open(codec_folder),
-                         EncodeOptions(), "same-s-random", log=lambda line: None)
+    summary = encode_dir(
+        root / "normalized",
+        root / "latents",
+        cache,
+        Codec.open(codec_folder),
+        EncodeOptions(),
+        "same-s-random",
+        log=lambda line: None,
+    )
     return time.perf_counter() - start, summary.line()
 
 
@@ -59,11 +66,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         cfg = write_codec(root / "codec")
-        audio = (0.1 * np.random.default_rng(0).standard_normal((int(args.seconds * SAMPLE_RATE), 2)))
+        audio = 0.1 * np.random.default_rng(0).standard_normal((int(args.seconds * SAMPLE_RATE), 2))
         write_float_wav(root / "normalized" / "clip.wav", audio.astype(np.float32), SAMPLE_RATE)
         (root / "normalized" / "clip.json").write_text('{"prompt": "noise"}')
-        print(f"SAME-S dims: D={cfg.encoder.width}, heads={cfg.encoder.width // cfg.encoder.dim_heads}, "
-              f"{cfg.encoder.depth} blocks, fp32; one {args.seconds:g} s file; device {mx.default_device()}")
+        print(
+            f"SAME-S dims: D={cfg.encoder.width}, heads={cfg.encoder.width // cfg.encoder.dim_heads}, "
+            f"{cfg.encoder.depth} blocks, fp32; one {args.seconds:g} s file; device {mx.default_device()}"
+        )
         first, cached = [], []
         for i in range(args.repeats):
             cache = root / f"cache{i}"

@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import time
 
-import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_map_with_path
 
+import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 from sa3mlx.models.config import AutoencoderConfig
 from sa3mlx.models.same import SameDecoder, SameEncoder
 from sa3mlx.models.same_chunked import decode_long, encode_long
@@ -26,26 +26,40 @@ from sa3mlx.models.same_chunked import decode_long, encode_long
 SAMPLE_RATE = 44100
 MB = 1024 * 1024
 # the SAME-S codec fields of a small SA3 model_config.json (reference sa3.md section 4.2)
-HALF = {"channels": 128, "c_mults": [6], "strides": [16], "latent_dim": 256, "transformer_depths": [6],
-        "differential": True, "dyt": True, "dim_heads": 64, "variable_stride": True, "chunk_size": 32,
-        "chunk_midpoint_shift": True}
+HALF = {
+    "channels": 128,
+    "c_mults": [6],
+    "strides": [16],
+    "latent_dim": 256,
+    "transformer_depths": [6],
+    "differential": True,
+    "dyt": True,
+    "dim_heads": 64,
+    "variable_stride": True,
+    "chunk_size": 32,
+    "chunk_midpoint_shift": True,
+}
 SAME_S = {
     "encoder": {"type": "same", "config": {"in_channels": 512, **HALF}},
     "decoder": {"type": "same", "config": {"out_channels": 512, "conv_mapping": True, **HALF}},
     "bottleneck": {"type": "softnorm", "config": {"dim": 256}},
     "pretransform": {"type": "patched", "config": {"patch_size": 256, "channels": 2}},
-    "latent_dim": 256, "downsampling_ratio": 4096, "io_channels": 2,
+    "latent_dim": 256,
+    "downsampling_ratio": 4096,
+    "io_channels": 2,
 }
 
 
 def randomize(model) -> None:
     """Small random weights; DyT alphas at their init (4), RoPE buffers kept."""
+
     def draw(path: str, p: mx.array) -> mx.array:
         if path.endswith("inv_freq"):
             return p
         if path.endswith("alpha"):
             return mx.full(p.shape, 4.0)
         return mx.random.normal(p.shape) * 0.02
+
     model.update(tree_map_with_path(draw, model.parameters()))
     mx.eval(model.parameters())
 
@@ -73,9 +87,11 @@ def main() -> None:
     randomize(encoder)
     randomize(decoder)
     weights_mb = mx.get_active_memory() / MB
-    print(f"SAME-S dims: D={cfg.encoder.width}, heads={cfg.encoder.width // cfg.encoder.dim_heads}, "
-          f"blocks {cfg.encoder.depth}+{cfg.decoder.depth}, fp32 weights {weights_mb:.0f} MB; "
-          f"chunk {args.chunk} latents, overlap {args.overlap}; device {mx.default_device()}")
+    print(
+        f"SAME-S dims: D={cfg.encoder.width}, heads={cfg.encoder.width // cfg.encoder.dim_heads}, "
+        f"blocks {cfg.encoder.depth}+{cfg.decoder.depth}, fp32 weights {weights_mb:.0f} MB; "
+        f"chunk {args.chunk} latents, overlap {args.overlap}; device {mx.default_device()}"
+    )
     rng = np.random.default_rng(0)
     warm = (0.1 * rng.standard_normal((1, 2, args.chunk * cfg.downsampling_ratio))).astype(np.float32)
     mx.eval(decoder(encoder(mx.array(warm))))

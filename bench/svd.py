@@ -16,10 +16,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 import numpy as np
-
 from dit import SIZES  # bench/dit.py: the official small-music / medium DiT configs
+
+import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 from sa3mlx.convert.dit import mlx_dit_shapes
 from sa3mlx.lora.bases import bases_metadata, write_svd_file
 from sa3mlx.lora.svd import canonical_svd
@@ -31,8 +31,10 @@ def random_model(depth: int) -> tuple[dict[str, np.ndarray], object]:
     """fp16 dit.npz arrays with the small-music shapes (the official files are fp16)."""
     cfg = dataclasses.replace(SIZES["small"], depth=depth)
     rng = np.random.default_rng(0)
-    arrays = {key: (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
-              for key, shape in mlx_dit_shapes(cfg, COND_DIM).items()}
+    arrays = {
+        key: (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
+        for key, shape in mlx_dit_shapes(cfg, COND_DIM).items()
+    }
     return arrays, cfg
 
 
@@ -47,8 +49,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for run in range(2):
             start = time.perf_counter()
-            path = write_svd_file(Path(tmp) / f"run{run}", arrays, cfg, COND_DIM, args.max_rank, args.precision,
-                                  {"source": "random"})
+            path = write_svd_file(
+                Path(tmp) / f"run{run}", arrays, cfg, COND_DIM, args.max_rank, args.precision, {"source": "random"}
+            )
             times.append(time.perf_counter() - start)
             files.append(path.read_bytes())
         layers = bases_metadata(path)["layers"]
@@ -57,10 +60,14 @@ def main() -> None:
     qkv = _time(lambda: canonical_svd(rng.standard_normal((3 * E, E), dtype=np.float32)))
     ff = _time(lambda: canonical_svd(rng.standard_normal((2 * F, E), dtype=np.float32)))
     total = statistics.median(times)
-    print(f"svd stage, small-music dims (E={E}), depth {args.depth}: {layers} layers, median {total:.1f} s per run "
-          f"({1000 * total / layers:.0f} ms per layer); identical bytes across the two runs: {files[0] == files[1]}")
-    print(f"  one to_qkv SVD ({3 * E}x{E}) {qkv:.2f} s, one ff.0.proj SVD ({2 * F}x{E}) {ff:.2f} s: "
-          f"ff.0.proj layers are {args.depth * ff / total:.0%} of a run")
+    print(
+        f"svd stage, small-music dims (E={E}), depth {args.depth}: {layers} layers, median {total:.1f} s per run "
+        f"({1000 * total / layers:.0f} ms per layer); identical bytes across the two runs: {files[0] == files[1]}"
+    )
+    print(
+        f"  one to_qkv SVD ({3 * E}x{E}) {qkv:.2f} s, one ff.0.proj SVD ({2 * F}x{E}) {ff:.2f} s: "
+        f"ff.0.proj layers are {args.depth * ff / total:.0%} of a run"
+    )
 
 
 def _time(fn) -> float:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 import mlx.core as mx
 import numpy as np
-
 from blas import median_seconds  # bench/blas.py: the shared timing helper
+
+import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 from sa3mlx.convert.t5gemma import t5gemma_shapes
 from sa3mlx.models.config import T5GemmaConfig
 from sa3mlx.models.prompt import PromptEncoder
@@ -28,10 +28,21 @@ from sa3mlx.runtime.precision import compute_dtype, parse_dtype
 ROOT = Path(__file__).resolve().parents[1]
 TINY_TOKENIZER = ROOT / "models" / "tiny-base" / "t5gemma-b-b-ul2"
 REAL = T5GemmaConfig(  # google/t5gemma-b-b-ul2, encoder half
-    vocab_size=256_000, hidden_size=768, num_layers=12, num_heads=12, num_kv_heads=12, head_dim=64,
-    intermediate_size=2048, query_pre_attn_scalar=64.0, attn_logit_softcapping=50.0, rms_norm_eps=1e-6,
-    rope_theta=10000.0, layer_types=("sliding_attention", "full_attention") * 6, sliding_window=4096,
-    pad_token_id=0)
+    vocab_size=256_000,
+    hidden_size=768,
+    num_layers=12,
+    num_heads=12,
+    num_kv_heads=12,
+    head_dim=64,
+    intermediate_size=2048,
+    query_pre_attn_scalar=64.0,
+    attn_logit_softcapping=50.0,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    layer_types=("sliding_attention", "full_attention") * 6,
+    sliding_window=4096,
+    pad_token_id=0,
+)
 
 
 def random_encoder(storage: mx.Dtype):
@@ -52,8 +63,10 @@ def main() -> None:
 
     storage = parse_dtype(args.storage)
     model = random_encoder(storage)
-    print(f"device {mx.default_device()}, storage {args.storage}, compute {compute_dtype(storage)}, "
-          f"{REAL.num_layers} layers x {REAL.hidden_size}, vocab {REAL.vocab_size}, L={args.length}")
+    print(
+        f"device {mx.default_device()}, storage {args.storage}, compute {compute_dtype(storage)}, "
+        f"{REAL.num_layers} layers x {REAL.hidden_size}, vocab {REAL.vocab_size}, L={args.length}"
+    )
     rng = np.random.default_rng(0)
     tokenizer = PromptTokenizer.from_folder(TINY_TOKENIZER, args.length, REAL.pad_token_id)
     for batch in args.batches:
@@ -66,8 +79,10 @@ def main() -> None:
         prompts = [f"dark techno loop {b}" for b in range(batch)]
         encoder(prompts)  # fill the cache
         cached = median_seconds(lambda: mx.eval(*encoder(prompts)), max(args.repeats, 20))
-        print(f"batch {batch}: cached {cached * 1e3:9.3f} ms/call  {seconds / cached:7.0f}x faster "
-              f"(hit rate {encoder.cache.stats().hit_rate:.2f})")
+        print(
+            f"batch {batch}: cached {cached * 1e3:9.3f} ms/call  {seconds / cached:7.0f}x faster "
+            f"(hit rate {encoder.cache.stats().hit_rate:.2f})"
+        )
 
 
 if __name__ == "__main__":

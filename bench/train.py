@@ -22,12 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 import mlx.core as mx
 import numpy as np
-
 from blas import mlx_gemm  # bench/blas.py: the GEMM measurement, shared
 from dit import PROMPT_TOKENS, SIZES, matmul_flops  # bench/dit.py: the small-music config and FLOP count
+
+import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 from sa3mlx.convert.model import convert_source
 from sa3mlx.lora.inject import inject_adapters
 from sa3mlx.models.conditioning import Conditioner
@@ -47,11 +47,16 @@ def random_batch(cfg, crop: int, objective: ObjectiveConfig, rng: np.random.Gene
     C = cfg.io_channels
     padding = np.ones((1, crop), bool)
     tokens = PROMPT_TOKENS - 1  # the seconds token is appended by the conditioner
-    arrays = {"x0": rng.standard_normal((1, C, crop), np.float32),
-              "noise": rng.standard_normal((1, C, crop), np.float32), "t": np.array([0.7], np.float32),
-              "prompt_hidden": rng.standard_normal((1, tokens, cfg.cond_token_dim), np.float32),
-              "prompt_mask": np.ones((1, tokens), bool), "seconds": np.array([30.0], np.float32),
-              "drop": np.zeros(1, bool), "padding_mask": padding}
+    arrays = {
+        "x0": rng.standard_normal((1, C, crop), np.float32),
+        "noise": rng.standard_normal((1, C, crop), np.float32),
+        "t": np.array([0.7], np.float32),
+        "prompt_hidden": rng.standard_normal((1, tokens, cfg.cond_token_dim), np.float32),
+        "prompt_mask": np.ones((1, tokens), bool),
+        "seconds": np.array([30.0], np.float32),
+        "drop": np.zeros(1, bool),
+        "padding_mask": padding,
+    }
     if objective.inpainting:
         arrays["inpaint_mask"] = random_inpaint_masks(rng, padding, objective.inpaint_mask_probabilities, False)
     return {k: mx.array(v) for k, v in arrays.items()}
@@ -80,8 +85,14 @@ def small_step(depth: int | None, crop: int, rank: int, materialize: bool, compi
         times.append(time.perf_counter() - start)
     linear, attention = matmul_flops(cfg, crop)
     seconds = statistics.median(times)
-    return {"depth": cfg.depth, "layers": len(layers), "first_s": first, "step_s": seconds,
-            "gflops": (2 * linear + 3 * attention) / seconds / 1e9, "peak_gb": mx.get_peak_memory() / 1e9}
+    return {
+        "depth": cfg.depth,
+        "layers": len(layers),
+        "first_s": first,
+        "step_s": seconds,
+        "gflops": (2 * linear + 3 * attention) / seconds / 1e9,
+        "peak_gb": mx.get_peak_memory() / 1e9,
+    }
 
 
 def tiny_steps_per_second(batch_size: int, crop: int, steps: int, compile: bool) -> tuple[float, float]:
@@ -91,9 +102,12 @@ def tiny_steps_per_second(batch_size: int, crop: int, steps: int, compile: bool)
         convert_source(ROOT / "models" / "tiny-base", tmp)
         session = TrainingSession.build(tmp, train, seed=0, compile=compile)
         rng = np.random.default_rng(0)
-        batch = {"latents": rng.standard_normal((batch_size, 16, crop), np.float32),
-                 "padding_mask": np.ones((batch_size, crop), bool), "seconds_total": np.full(batch_size, 30.0),
-                 "prompts": [f"prompt {i % 3}" for i in range(batch_size)]}
+        batch = {
+            "latents": rng.standard_normal((batch_size, 16, crop), np.float32),
+            "padding_mask": np.ones((batch_size, crop), bool),
+            "seconds_total": np.full(batch_size, 30.0),
+            "prompts": [f"prompt {i % 3}" for i in range(batch_size)],
+        }
         start = time.perf_counter()
         session.step(batch, np.random.default_rng([0, 0]))
         first = time.perf_counter() - start
@@ -110,8 +124,12 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gemm-n", type=int, default=2048)
-    parser.add_argument("--materialize", choices=("both", "on", "off"), default="off",
-                        help="adapters as built effective weights (on) or low-rank branch + gains (off)")
+    parser.add_argument(
+        "--materialize",
+        choices=("both", "on", "off"),
+        default="off",
+        help="adapters as built effective weights (on) or low-rank branch + gains (off)",
+    )
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--tiny-batch", type=int, default=None, help="default: the preset's batch size")
     parser.add_argument("--tiny-crop", type=int, default=128)
@@ -127,11 +145,13 @@ def main() -> None:
         mx.clear_cache()
         gemm = max(gemm, mlx_gemm(args.gemm_n, 5))  # again after the model: the highest so far is the reference
         ratio = row["gflops"] / gemm
-        print(f"small-music/d{row['depth']} crop {args.crop} dora-rows r{args.rank} ({row['layers']} layers), "
-              f"materialize={'on' if materialize else 'off'}, {'compiled' if compile else 'eager'}: "
-              f"{row['step_s']:.2f} s/step (first {row['first_s']:.1f} s), {row['gflops']:.1f} GFLOP/s = "
-              f"{ratio:.0%} of GEMM {gemm:.1f} (target >= {TARGET:.0%}) {'ok' if ratio >= TARGET else 'BELOW TARGET'}; "
-              f"peak {row['peak_gb']:.2f} GB")
+        print(
+            f"small-music/d{row['depth']} crop {args.crop} dora-rows r{args.rank} ({row['layers']} layers), "
+            f"materialize={'on' if materialize else 'off'}, {'compiled' if compile else 'eager'}: "
+            f"{row['step_s']:.2f} s/step (first {row['first_s']:.1f} s), {row['gflops']:.1f} GFLOP/s = "
+            f"{ratio:.0%} of GEMM {gemm:.1f} (target >= {TARGET:.0%}) {'ok' if ratio >= TARGET else 'BELOW TARGET'}; "
+            f"peak {row['peak_gb']:.2f} GB"
+        )
     batch = args.tiny_batch or resolve(PRESET).batch_size
     rate, first = tiny_steps_per_second(batch, args.tiny_crop, args.tiny_steps, compile)
     print(f"tiny-base ({PRESET}, batch {batch}, crop {args.tiny_crop}): {rate:.1f} steps/s (first step {first:.1f} s)")

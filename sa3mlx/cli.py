@@ -12,8 +12,12 @@ import sa3mlx  # noqa: F401  (BLAS set-up before anything imports mlx)
 def _convert(args) -> int:
     from sa3mlx.convert.model import ConvertOptions, convert_source
 
-    options = ConvertOptions(dit_dtype=args.dit_dtype, same_dtype=args.same_dtype,
-                             t5gemma_dtype=args.t5gemma_dtype, allow_pickle=args.allow_pickle)
+    options = ConvertOptions(
+        dit_dtype=args.dit_dtype,
+        same_dtype=args.same_dtype,
+        t5gemma_dtype=args.t5gemma_dtype,
+        allow_pickle=args.allow_pickle,
+    )
     manifest = convert_source(args.source, args.out_dir, options)
     for name, info in manifest["files"].items():
         print(f"{Path(args.out_dir) / name}: {info['keys']} keys, {'/'.join(info['dtypes'])}")
@@ -65,12 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--dit-dtype", default="float16", choices=("float16", "float32"))
     conv.add_argument("--same-dtype", default="float32", choices=("float16", "float32"))
     conv.add_argument("--t5gemma-dtype", default="float16", choices=("float16", "float32"))
-    conv.add_argument("--allow-pickle", action="store_true",
-                      help="read .ckpt/.pt files (runs pickle; needs torch; weights-only load)")
+    conv.add_argument(
+        "--allow-pickle", action="store_true", help="read .ckpt/.pt files (runs pickle; needs torch; weights-only load)"
+    )
     conv.set_defaults(run=_convert)
 
-    par = sub.add_parser("parity", help="recompute / check golden fixtures of the official implementation",
-                         usage="sa3mlx parity KIND FIXTURE_DIR OUT_DIR | sa3mlx parity check KIND [FIXTURE_DIR]")
+    par = sub.add_parser(
+        "parity",
+        help="recompute / check golden fixtures of the official implementation",
+        usage="sa3mlx parity KIND FIXTURE_DIR OUT_DIR | sa3mlx parity check KIND [FIXTURE_DIR]",
+    )
     par.add_argument("words", nargs="+", metavar="ARG")
     par.set_defaults(run=_parity)
 
@@ -80,12 +88,22 @@ def build_parser() -> argparse.ArgumentParser:
     val.set_defaults(run=_lora_validate)
     merge = lora.add_parser("merge", help="merge adapters into a converted dit.npz (loads like the base)")
     merge.add_argument("--base", required=True, help="converted DiT, e.g. models/converted/<base>/dit.npz")
-    merge.add_argument("--lora", required=True, action="append", metavar="FILE[:STRENGTH]",
-                       help="SA3 adapter .safetensors or PEFT folder, strength 1 by default; repeat to sum adapters")
-    merge.add_argument("--svd-dir", help="svd stage output (models/svd/<base>) for -xs adapters; "
-                       "without it their bases are recomputed from --base")
-    merge.add_argument("--mlx-strength-rule", action="store_true",
-                       help="official MLX merge rule W0 + s·(merged − W0) instead of torch's live semantics")
+    merge.add_argument(
+        "--lora",
+        required=True,
+        action="append",
+        metavar="FILE[:STRENGTH]",
+        help="SA3 adapter .safetensors or PEFT folder, strength 1 by default; repeat to sum adapters",
+    )
+    merge.add_argument(
+        "--svd-dir",
+        help="svd stage output (models/svd/<base>) for -xs adapters; without it their bases are recomputed from --base",
+    )
+    merge.add_argument(
+        "--mlx-strength-rule",
+        action="store_true",
+        help="official MLX merge rule W0 + s·(merged − W0) instead of torch's live semantics",
+    )
     merge.add_argument("--out", required=True, help="merged .npz")
     merge.set_defaults(run=_lora_merge)
     return parser

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import sa3mlx  # noqa: F401  (BLAS set-up first, as in every stage)
-
 from sa3mlx.lora.checkpoint import read_lora
 from sa3mlx.runtime.params import stage_params
 from sa3mlx.sample.demo_entries import parse_entries
@@ -35,8 +34,12 @@ def adapter_file(path: str) -> Path:
 def main() -> int:
     sys.stdout.reconfigure(errors="backslashreplace", line_buffering=True)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("adapter", nargs="?", default="models/lora",
-                        help="the trained adapter (dvc.yaml passes train's output); default: the one in models/lora")
+    parser.add_argument(
+        "adapter",
+        nargs="?",
+        default="models/lora",
+        help="the trained adapter (dvc.yaml passes train's output); default: the one in models/lora",
+    )
     args = parser.parse_args()
     declared = stage_params("demo")
     params, model = declared["demo"], declared["model"]
@@ -44,11 +47,20 @@ def main() -> int:
     step = int(read_lora(adapter).config.get("step") or 0)
     entries = parse_entries(params["entries"], params.get("defaults"))
     base, arc = f"models/converted/{model['base']}", f"models/converted/{model['arc']}"
-    print(f"demo: {len(entries)} entries, adapter {adapter} (step {step}) on {model['base']} (base) and "
-          f"{model['arc']} (ARC) -> {OUT}/")
+    print(
+        f"demo: {len(entries)} entries, adapter {adapter} (step {step}) on {model['base']} (base) and "
+        f"{model['arc']} (ARC) -> {OUT}/"
+    )
     models = DemoModels(base, arc, svd_dir=f"models/svd/{model['base']}")
-    summary = render_demos(OUT, step, entries, models, [adapter], baselines=bool(params.get("baselines", True)),
-                           options=RenderOptions.from_params(params))
+    summary = render_demos(
+        OUT,
+        step,
+        entries,
+        models,
+        [adapter],
+        baselines=bool(params.get("baselines", True)),
+        options=RenderOptions.from_params(params),
+    )
     print(summary.line())
     return 0
 

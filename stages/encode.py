@@ -10,7 +10,6 @@ import argparse
 import sys
 
 import sa3mlx  # noqa: F401  (BLAS set-up first, as in every stage)
-
 from sa3mlx.data.encode import Codec, EncodeOptions, encode_dir
 from sa3mlx.runtime.params import stage_params
 
@@ -30,9 +29,11 @@ def main() -> int:
     model = params["model"]["base"]
     codec = Codec.open(f"models/converted/{model}")
     share = f", shard {options.shard}" if options.shard else ""
-    print(f"encode: {NORMALIZED} -> {LATENTS} with the SAME encoder of {model} (fp32; chunks of "
-          f"{options.chunk_latents} latents, overlap {options.overlap}, above {options.chunk_above_seconds:g} s; "
-          f"cache {CACHE}{share})")
+    print(
+        f"encode: {NORMALIZED} -> {LATENTS} with the SAME encoder of {model} (fp32; chunks of "
+        f"{options.chunk_latents} latents, overlap {options.overlap}, above {options.chunk_above_seconds:g} s; "
+        f"cache {CACHE}{share})"
+    )
     summary = encode_dir(NORMALIZED, LATENTS, CACHE, codec, options, model)
     print(f"encode: {summary.total - len(summary.errors)} files, {summary.seconds_total:.1f} s of audio in {LATENTS}")
     if options.shard:

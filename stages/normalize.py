@@ -3,7 +3,6 @@
 import sys
 
 import sa3mlx  # noqa: F401  (BLAS set-up first, as in every stage)
-
 from sa3mlx.audio.census import summary
 from sa3mlx.audio.normalize import Options, normalize_dir, stage_failure
 from sa3mlx.runtime.params import stage_params

@@ -10,7 +10,6 @@ import sys
 import time
 
 import sa3mlx  # noqa: F401  (BLAS set-up first, as in every stage)
-
 from sa3mlx.lora.bases import bases_metadata, compute_svd_file
 from sa3mlx.runtime.params import stage_params
 
@@ -22,8 +21,10 @@ def main() -> int:
     start = time.perf_counter()
     path = compute_svd_file(source, out_dir, int(params["max_rank"]), params["precision"])
     meta = bases_metadata(path)
-    print(f"svd: {source}/dit.npz -> {path}: {meta['layers']} layers, top {meta['max_rank']} columns, "
-          f"decomposed from {meta['precision']} weights in {time.perf_counter() - start:.1f} s")
+    print(
+        f"svd: {source}/dit.npz -> {path}: {meta['layers']} layers, top {meta['max_rank']} columns, "
+        f"decomposed from {meta['precision']} weights in {time.perf_counter() - start:.1f} s"
+    )
     return 0
 
 

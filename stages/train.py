@@ -12,7 +12,6 @@ import argparse
 import sys
 
 import sa3mlx  # noqa: F401  (BLAS set-up first, as in every stage)
-
 from sa3mlx.runtime.params import stage_params
 from sa3mlx.train.job import TrainJob
 

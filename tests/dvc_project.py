@@ -13,8 +13,7 @@ PROJECT_FILES = ("dvc.yaml", "params.yaml", "stages", "sa3mlx", "models/tiny-bas
 
 def tool_env(extra: dict | None = None) -> dict:
     """The environment with this interpreter's bin first on PATH, so `dvc` and stage `python` are the venv's."""
-    return {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}",
-            **(extra or {})}
+    return {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}", **(extra or {})}
 
 
 def run(cmd, cwd, timeout=600, env: dict | None = None):
@@ -37,9 +36,13 @@ def copy_project(dst: Path, names=PROJECT_FILES) -> Path:
 
 def init_repo(path: Path) -> Path:
     """`git init` + `dvc init` (analytics off) in `path`, with a local git identity so commits work."""
-    for cmd in (["git", "init", "-q"], ["git", "config", "user.email", "tests@sa3mlx.invalid"],
-                ["git", "config", "user.name", "sa3mlx tests"], ["dvc", "init", "-q"],
-                ["dvc", "config", "core.analytics", "false"]):
+    for cmd in (
+        ["git", "init", "-q"],
+        ["git", "config", "user.email", "tests@sa3mlx.invalid"],
+        ["git", "config", "user.name", "sa3mlx tests"],
+        ["dvc", "init", "-q"],
+        ["dvc", "config", "core.analytics", "false"],
+    ):
         run(cmd, path)
     return path
 

@@ -111,8 +111,12 @@ KINDS = [
     ("directory named like audio", "folder.wav", R.DIRECTORY),
     ("dangling symlink", "dangling.wav", R.DANGLING_SYMLINK),
     ("vanished during the run", "vanishing.wav", R.VANISHED),
-    pytest.param("unreadable file", "unreadable.wav", R.UNREADABLE,
-                 marks=pytest.mark.skipif(os.geteuid() == 0, reason="root can read a chmod-000 file")),
+    pytest.param(
+        "unreadable file",
+        "unreadable.wav",
+        R.UNREADABLE,
+        marks=pytest.mark.skipif(os.geteuid() == 0, reason="root can read a chmod-000 file"),
+    ),
 ]
 
 

@@ -25,8 +25,12 @@ def test_sidecar_precedence_down_to_embedded(tmp_path):
     sibling_json = tmp_path / "set" / "json" / "song.json"
     own_txt = audio.with_suffix(".txt")
     sibling_txt = tmp_path / "set" / "txt" / "song.txt"
-    for path, content in ((own_json, '{"prompt": "own json"}'), (sibling_json, '{"prompt": "sibling json"}'),
-                          (own_txt, "own txt\n"), (sibling_txt, "sibling txt")):
+    for path, content in (
+        (own_json, '{"prompt": "own json"}'),
+        (sibling_json, '{"prompt": "sibling json"}'),
+        (own_txt, "own txt\n"),
+        (sibling_txt, "sibling txt"),
+    ):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content)
     seen = []
@@ -65,10 +69,26 @@ def test_sibling_folders_stay_inside_the_root(tmp_path):
 
 
 def test_values_become_clean_strings():
-    raw = {"bpm": 120, "tempo": 96.5, "loop": True, "tags": ["arp", " pluck ", None, ""], "empty": "",
-           "none": None, "nested": {"b": 1, "a": "x"}, "prompt": "  warm\x00 pads\r\nand keys  ", "cafe\u0301": "e\u0301"}
-    assert clean_tags(raw) == {"bpm": "120", "tempo": "96.5", "loop": "true", "tags": "arp, pluck",
-                               "nested": '{"a": "x", "b": 1}', "prompt": "warm pads\nand keys", "café": "é"}
+    raw = {
+        "bpm": 120,
+        "tempo": 96.5,
+        "loop": True,
+        "tags": ["arp", " pluck ", None, ""],
+        "empty": "",
+        "none": None,
+        "nested": {"b": 1, "a": "x"},
+        "prompt": "  warm\x00 pads\r\nand keys  ",
+        "cafe\u0301": "e\u0301",
+    }
+    assert clean_tags(raw) == {
+        "bpm": "120",
+        "tempo": "96.5",
+        "loop": "true",
+        "tags": "arp, pluck",
+        "nested": '{"a": "x", "b": 1}',
+        "prompt": "warm pads\nand keys",
+        "café": "é",
+    }
 
 
 def test_non_utf8_text_is_decoded_robustly(tmp_path):
@@ -93,8 +113,16 @@ def test_demo_embedded_tags(tmp_path):
     raw = ROOT / "data" / "raw"
     mp3 = find_tags(raw / "funk_groove.mp3", raw)  # ID3, label from TPUB
     assert mp3.source == "embedded"
-    assert mp3.values == {"album": "synthetic music", "artist": "deep keys", "bpm": "118", "composer": "unknown",
-                          "date": "2024", "genre": "funk", "label": "demo", "title": "groovy funk house"}
+    assert mp3.values == {
+        "album": "synthetic music",
+        "artist": "deep keys",
+        "bpm": "118",
+        "composer": "unknown",
+        "date": "2024",
+        "genre": "funk",
+        "label": "demo",
+        "title": "groovy funk house",
+    }
     ogg = find_tags(raw / "ambient_sweep.ogg", raw)  # Vorbis comments; libsndfile's "encoder" is not a tag we keep
     assert "encoder" not in ogg.values and ogg.values["genre"] == "ambient"
     assert find_tags(raw / "exports" / "bass_line_copy.flac", raw).source == "none"

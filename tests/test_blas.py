@@ -12,8 +12,12 @@ linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="BLAS se
 
 
 class DlInfo(ctypes.Structure):
-    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
-                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    ]
 
 
 def library_providing(symbol: str) -> str:
@@ -52,25 +56,29 @@ def test_trampoline_source_jumps_to_prefixed_symbols():
 
 def run_python(code: str, **env) -> subprocess.CompletedProcess:
     import os
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=120)
+
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env}, timeout=120
+    )
 
 
 @linux
 def test_importing_mlx_first_warns_in_one_line():
     result = run_python("import mlx.core; import sa3mlx", SA3MLX_BLAS="")
-    lines = [l for l in result.stderr.splitlines() if l.startswith("sa3mlx: warning:")]
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("sa3mlx: warning:")]
     assert result.returncode == 0 and len(lines) == 1, result.stderr
 
 
 @linux
 def test_unavailable_blas_falls_back_with_one_warning(tmp_path):
     # an explicit bad path, no system library and no trampoline (e.g. no C compiler)
-    code = ("import sa3mlx.runtime.blas as b\n"
-            "b._trampoline = b._system_openblas = lambda: None; b._state.update(done=False, library=None)\n"
-            "print(b.ensure_fast_blas())")
+    code = (
+        "import sa3mlx.runtime.blas as b\n"
+        "b._trampoline = b._system_openblas = lambda: None; b._state.update(done=False, library=None)\n"
+        "print(b.ensure_fast_blas())"
+    )
     result = run_python(code, SA3MLX_BLAS=str(tmp_path / "missing.so"))
-    warnings = [l for l in result.stderr.splitlines() if "warning" in l]
+    warnings = [ln for ln in result.stderr.splitlines() if "warning" in ln]
     assert result.returncode == 0 and len(warnings) == 1, result.stderr
     assert "'library': None" in result.stdout
 

@@ -1,16 +1,27 @@
-import numpy as np
-
 import mlx.core as mx
-
+import numpy as np
 from conftest import FIXTURES
-from sa3mlx.models.conditioning import (Conditioner, local_conditioning, negative_tokens,
-                                        text_to_audio_local, unconditional_tokens)
+
+from sa3mlx.models.conditioning import (
+    Conditioner,
+    local_conditioning,
+    negative_tokens,
+    text_to_audio_local,
+    unconditional_tokens,
+)
 from sa3mlx.parity.registry import THRESHOLDS_DB
 from sa3mlx.parity.run import check
 
 # this keys; the prompt keys need the T5Gemma encoder
-SECONDS_KEYS = {"seconds_clamped_normalized", "seconds_fourier_features", "seconds_expo_freqs",
-                "seconds_embedding", "apply_padding_out", "global_cond", "cross_attn_mask"}
+SECONDS_KEYS = {
+    "seconds_clamped_normalized",
+    "seconds_fourier_features",
+    "seconds_expo_freqs",
+    "seconds_embedding",
+    "apply_padding_out",
+    "global_cond",
+    "cross_attn_mask",
+}
 
 
 def test_conditioner_parity():

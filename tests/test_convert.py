@@ -4,6 +4,7 @@ import struct
 
 import numpy as np
 import pytest
+from conftest import FIXTURES
 from safetensors.numpy import save_file
 
 from sa3mlx.convert import dit as dit_keys
@@ -12,8 +13,6 @@ from sa3mlx.convert.model import ConvertOptions, convert_source
 from sa3mlx.convert.same import fuse_weight_norm, torch_same_shapes
 from sa3mlx.models.config import AutoencoderConfig, ModelConfig
 from sa3mlx.runtime.io import sha256_file
-
-from conftest import FIXTURES
 
 FP32 = ConvertOptions(dit_dtype="float32", t5gemma_dtype="float32")
 
@@ -55,9 +54,14 @@ def test_dit_fixture_converts_to_63_documented_keys(tmp_path, fixture):
     assert len(arrays) == 18 + 21 * config.dit.depth + 3 == 63
     assert {k: a.shape for k, a in arrays.items()} == dit_keys.mlx_dit_shapes(config.dit, 768)
     assert not any(k.endswith(".gamma") or k.startswith("model.") for k in arrays)
-    for name in ("cond.padding_embedding", "cond.seconds_total_weight", "cond.seconds_total_bias",
-                 "transformer.layers.1.to_local_embed.seq.2.weight", "transformer.layers.0.pre_norm.weight",
-                 "transformer.rotary_pos_emb.inv_freq"):
+    for name in (
+        "cond.padding_embedding",
+        "cond.seconds_total_weight",
+        "cond.seconds_total_bias",
+        "transformer.layers.1.to_local_embed.seq.2.weight",
+        "transformer.layers.0.pre_norm.weight",
+        "transformer.rotary_pos_emb.inv_freq",
+    ):
         assert name in arrays
     assert arrays["preprocess_conv.weight"].shape == (16, 1, 16)
     assert arrays["transformer.rotary_pos_emb.inv_freq"].dtype == np.float32
@@ -71,7 +75,7 @@ def test_dit_values_follow_the_key_map(tmp_path):
     source, _ = read_safetensors(FIXTURES / "dit_small" / "model.safetensors")
     for key, value in source.items():
         if key.startswith(dit_keys.DIT_PREFIX):
-            torch_key = key[len(dit_keys.DIT_PREFIX):]
+            torch_key = key[len(dit_keys.DIT_PREFIX) :]
             mapped = arrays[dit_keys.dit_key_to_mlx(torch_key)]
             assert dit_keys.dit_key_to_torch(dit_keys.dit_key_to_mlx(torch_key)) == torch_key
             expect = value.transpose(0, 2, 1) if torch_key in dit_keys.CONV_KEYS else value
@@ -95,7 +99,7 @@ def test_bf16_copy_converts_to_the_same_values(tmp_path):
             np.testing.assert_array_equal(a[key], b[key])
     # and bf16 really is the source rounded to 8 mantissa bits
     key = "model.model.transformer.project_in.weight"
-    np.testing.assert_allclose(bf16_state[key], source[key], rtol=2 ** -8)
+    np.testing.assert_allclose(bf16_state[key], source[key], rtol=2**-8)
 
 
 def test_broken_checkpoint_names_every_bad_key(tmp_path):
@@ -112,7 +116,7 @@ def test_broken_checkpoint_names_every_bad_key(tmp_path):
     message = str(err.value)
     assert str(folder / "model.safetensors") in message
     for key in (removed, renamed, misshaped):
-        assert key[len("model.model."):] in message
+        assert key[len("model.model.") :] in message
     assert "transformer.layers.0.self_attn.to_output.weight" in message
     assert "got [64, 128], expected [128, 128]" in message
     assert not (tmp_path / "out" / "dit.npz").exists()
@@ -123,7 +127,9 @@ def test_config_that_does_not_match_the_weights_is_explained(tmp_path):
     config = json.loads((folder / "model_config.json").read_text())
     config["model"]["diffusion"]["config"]["depth"] = 3
     (folder / "model_config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match=r"model_config.json does not match the weights \(depth: config 3, weights 2\)"):
+    with pytest.raises(
+        CheckpointError, match=r"model_config.json does not match the weights \(depth: config 3, weights 2\)"
+    ):
         convert_source(folder, tmp_path / "out")
 
 

@@ -14,13 +14,20 @@ C = 4
 def _write(root, relpath, length, valid=None, seconds=None, **tags):
     path = root / relpath
     path.parent.mkdir(parents=True, exist_ok=True)
-    latents = (np.arange(C * length, dtype=np.float32).reshape(C, length) + 1000 * len(relpath))
+    latents = np.arange(C * length, dtype=np.float32).reshape(C, length) + 1000 * len(relpath)
     np.save(path, latents)
     valid = length if valid is None else valid
-    meta = {"path": f"/audio/{relpath}", "relpath": relpath, "src_relpath": relpath.replace(".npy", ".wav"),
-            "seconds_total": seconds if seconds is not None else round(valid * 4096 / 44100, 3),
-            "seconds_start": 0, "audio_samples": valid * 4096, "latent_shape": [C, length],
-            "padding_mask": [1] * valid + [0] * (length - valid), **tags}
+    meta = {
+        "path": f"/audio/{relpath}",
+        "relpath": relpath,
+        "src_relpath": relpath.replace(".npy", ".wav"),
+        "seconds_total": seconds if seconds is not None else round(valid * 4096 / 44100, 3),
+        "seconds_start": 0,
+        "audio_samples": valid * 4096,
+        "latent_shape": [C, length],
+        "padding_mask": [1] * valid + [0] * (length - valid),
+        **tags,
+    }
     path.with_suffix(".json").write_text(json.dumps(meta))
     return latents
 
@@ -50,7 +57,7 @@ def test_random_crop_stays_inside_the_valid_region(tmp_path):
         ex = ds.example(0, np.random.default_rng(seed))
         start = ex.info["latent_crop_start"]
         starts.add(start)
-        np.testing.assert_array_equal(ex.latents, latents[:, start:start + 10])
+        np.testing.assert_array_equal(ex.latents, latents[:, start : start + 10])
         assert ex.latents.dtype == np.float32 and ex.padding_mask.dtype == bool
         assert ex.padding_mask.tolist() == [start + i <= 24 for i in range(10)]
         assert ex.info["seconds_total"] == 600.0 and ex.info["latent_crop_length"] == 10
@@ -60,11 +67,19 @@ def test_random_crop_stays_inside_the_valid_region(tmp_path):
 
 def test_start_crop_and_short_valid_region_start_at_zero(tmp_path):
     _write(tmp_path, "a.npy", 40, valid=8)
-    assert D.PreEncodedDataset(tmp_path, 10, random_crop=True).example(0, np.random.default_rng(1)).info[
-        "latent_crop_start"] == 0  # last valid index 7 <= crop
+    assert (
+        D.PreEncodedDataset(tmp_path, 10, random_crop=True)
+        .example(0, np.random.default_rng(1))
+        .info["latent_crop_start"]
+        == 0
+    )  # last valid index 7 <= crop
     _write(tmp_path, "a.npy", 40)
-    assert D.PreEncodedDataset(tmp_path, 10, random_crop=False).example(0, np.random.default_rng(1)).info[
-        "latent_crop_start"] == 0
+    assert (
+        D.PreEncodedDataset(tmp_path, 10, random_crop=False)
+        .example(0, np.random.default_rng(1))
+        .info["latent_crop_start"]
+        == 0
+    )
 
 
 def test_short_clip_is_padded_with_silence_or_zeros(tmp_path):
@@ -118,8 +133,9 @@ def test_resume_from_sampler_state_gives_the_same_batches(tmp_path):
     template = PromptTemplate(trigger="zxq", split_commas=True)
 
     def loader():
-        return D.BatchLoader(D.PreEncodedDataset(tmp_path, 6, prompts=template),
-                             D.EpochSampler(3, batch_size=2, seed=7))
+        return D.BatchLoader(
+            D.PreEncodedDataset(tmp_path, 6, prompts=template), D.EpochSampler(3, batch_size=2, seed=7)
+        )
 
     straight = loader()
     expected = [_signature(b) for _ in range(3) for b in straight.epoch()]

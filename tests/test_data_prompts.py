@@ -6,8 +6,15 @@ import pytest
 
 from sa3mlx.data import prompts as P
 
-META = {"title": "Night Drive", "artist": "Kay", "genre": "synthwave, retro", "bpm": "110",
-        "relpath": "albums/kay/night_drive.npy", "seconds_total": 180.0, "padding_mask": [1, 1]}
+META = {
+    "title": "Night Drive",
+    "artist": "Kay",
+    "genre": "synthwave, retro",
+    "bpm": "110",
+    "relpath": "albums/kay/night_drive.npy",
+    "seconds_total": 180.0,
+    "padding_mask": [1, 1],
+}
 
 
 def _many(template, meta=META, n=400, seed=0):
@@ -39,40 +46,52 @@ def test_display_names_hide_names_and_split_commas():
 
 
 def test_sources_are_picked_by_weight():
-    t = P.PromptTemplate(use_tags=True, use_paths=True, use_fixed=True, fixed_text="FIXED",
-                         weight_tags=1, weight_paths=1, weight_fixed=2, shuffle=False)
+    t = P.PromptTemplate(
+        use_tags=True,
+        use_paths=True,
+        use_fixed=True,
+        fixed_text="FIXED",
+        weight_tags=1,
+        weight_paths=1,
+        weight_fixed=2,
+        shuffle=False,
+    )
     prompts = _many(t, n=2000)
     fixed = prompts.count("FIXED") / len(prompts)
     paths = prompts.count("albums/kay/night_drive.npy") / len(prompts)
     assert 0.45 < fixed < 0.55 and 0.2 < paths < 0.3
-    zero = P.PromptTemplate(use_tags=False, use_paths=True, use_fixed=True, fixed_text="F",
-                            weight_paths=0, weight_fixed=0)
+    zero = P.PromptTemplate(
+        use_tags=False, use_paths=True, use_fixed=True, fixed_text="F", weight_paths=0, weight_fixed=0
+    )
     assert set(_many(zero, n=200)) == {"F", "albums/kay/night_drive.npy"}  # all weights 0: uniform
     none = P.PromptTemplate(use_tags=False)
     assert _many(none, {"text": "t"}, n=1) == ["t"]
 
 
-@pytest.mark.parametrize("opts, want", [
-    ({}, "albums/kay/night_drive.npy"),
-    ({"hideExt": True}, "albums/kay/night_drive"),
-    ({"hideDirs": True}, "albums/night_drive.npy"),
-    ({"hide_dirs": True, "hide_topmost_dir": True, "hide_ext": True}, "night_drive"),
-    ({"hideTopmostDir": True}, "kay/night_drive.npy"),
-])
+@pytest.mark.parametrize(
+    "opts, want",
+    [
+        ({}, "albums/kay/night_drive.npy"),
+        ({"hideExt": True}, "albums/kay/night_drive"),
+        ({"hideDirs": True}, "albums/night_drive.npy"),
+        ({"hide_dirs": True, "hide_topmost_dir": True, "hide_ext": True}, "night_drive"),
+        ({"hideTopmostDir": True}, "kay/night_drive.npy"),
+    ],
+)
 def test_path_prompts(opts, want):
     t = P.PromptTemplate.from_dict({"use_tags": False, "use_paths": True, "path_opts": opts})
     assert _many(t, n=1)[0] == want
 
 
 def test_trigger_probability_and_separator():
-    t = P.PromptTemplate.from_dict({"trigger": "zxq", "trigger_pct": 80, "shuffle": False,
-                                    "tag_keys": ["title"]})
+    t = P.PromptTemplate.from_dict({"trigger": "zxq", "trigger_pct": 80, "shuffle": False, "tag_keys": ["title"]})
     assert t.trigger_probability == 0.8
     prompts = _many(t, n=2000)
     assert set(prompts) == {"zxq, Title: Night Drive", "Title: Night Drive"}
     assert 0.77 < sum(p.startswith("zxq") for p in prompts) / len(prompts) < 0.83
-    fixed = P.PromptTemplate(use_tags=False, use_fixed=True, fixed_text="a loop", trigger="zxq",
-                             trigger_probability=1.0)
+    fixed = P.PromptTemplate(
+        use_tags=False, use_fixed=True, fixed_text="a loop", trigger="zxq", trigger_probability=1.0
+    )
     assert _many(fixed, n=1) == ["zxq a loop"]
     empty = P.PromptTemplate(use_tags=False, use_fixed=True, trigger="zxq", trigger_probability=1.0)
     assert _many(empty, n=1) == ["zxq"]
@@ -80,8 +99,15 @@ def test_trigger_probability_and_separator():
 
 
 def test_dashboard_config_and_unknown_keys():
-    t = P.PromptTemplate.from_dict({"use_fixed": True, "use_tags": False, "fixed_text": "",
-                                    "balance": {"tags": 0, "paths": 0, "fixed": 100}, "shuffle": True})
+    t = P.PromptTemplate.from_dict(
+        {
+            "use_fixed": True,
+            "use_tags": False,
+            "fixed_text": "",
+            "balance": {"tags": 0, "paths": 0, "fixed": 100},
+            "shuffle": True,
+        }
+    )
     assert t.weight_fixed == 100 and t.weight_tags == 0
     with pytest.raises(ValueError, match="unknown prompt template"):
         P.PromptTemplate.from_dict({"triger": "x"})
@@ -95,6 +121,7 @@ def test_seeded_state_round_trip_and_preview():
     P.build_prompt(META, t, rng)
     state = P.rng_state(rng)
     import json
+
     resumed = P.rng_from_state(json.loads(json.dumps(state)))
     assert [P.build_prompt(META, t, rng) for _ in range(20)] == [P.build_prompt(META, t, resumed) for _ in range(20)]
     preview = P.preview([META, {"title": "Other"}], t, n=10, seed=3)

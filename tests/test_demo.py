@@ -6,7 +6,6 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
-
 from conftest import FIXTURES, ROOT
 from safetensors.numpy import save_file
 
@@ -23,8 +22,16 @@ from sa3mlx.parity.registry import THRESHOLDS_DB
 from sa3mlx.sample.audio_out import read_audio_length
 from sa3mlx.sample.demo_entries import AdapterRef, DemoEntry, kept_samples, latent_count
 from sa3mlx.sample.demo_models import DemoModels, LiveModel, Renderable
-from sa3mlx.sample.render import (RenderOptions, arc_schedule, base_schedule, demo_latents, interval_velocity,
-                                  live_velocity, render_demos, run_sampler)
+from sa3mlx.sample.render import (
+    RenderOptions,
+    arc_schedule,
+    base_schedule,
+    demo_latents,
+    interval_velocity,
+    live_velocity,
+    render_demos,
+    run_sampler,
+)
 from sa3mlx.sample.samplers import GuidedVelocity, fixed_noise
 
 SAMPLER_KEYS = {"euler_4": "euler", "pingpong_4": "pingpong"}
@@ -71,12 +78,16 @@ def test_demo_sampler_reproduces_the_fixture(key):
     layers = inject_adapters(dit, cond, LoRAConfig(rank=2), key=mx.random.key(0), announce=False)
     for layer in layers.values():
         layer.lora_B = mx.ones(layer.lora_B.shape)  # an adapter that would change the output
-    inputs = {name: fixture.load(ref) for name, ref in fixture.inputs("expected.npz", key).items()
-              if ref.startswith("inputs.npz:")}
+    inputs = {
+        name: fixture.load(ref)
+        for name, ref in fixture.inputs("expected.npz", key).items()
+        if ref.startswith("inputs.npz:")
+    }
     params = fixture.params("expected.npz", key)
     assert params["cfg_scale"] == 1.0
-    conditioning = DiTInputs(mx.array(inputs["cross_attn_cond"]), mx.array(inputs["global_cond"]),
-                             mx.array(inputs["local_add_cond"]))
+    conditioning = DiTInputs(
+        mx.array(inputs["cross_attn_cond"]), mx.array(inputs["global_cond"]), mx.array(inputs["local_add_cond"])
+    )
     renderable = Renderable(dit, cond, LiveModel(dit, cond, layers), 0.0)
     guided = GuidedVelocity(dit, conditioning, cfg_scale=params["cfg_scale"])
     sigmas = np.asarray(inputs["sigmas"], np.float32)
@@ -148,16 +159,30 @@ def test_render_base_and_arc_demos_with_baselines(tiny, tmp_path):
     bad = misshaped_copy(tiny / "a.safetensors", tmp_path / "bad.safetensors")
     out = tmp_path / "demos"
     entries = [
-        {"prompt": "house drums", "seconds": 1, "seed": 1, "steps": 3, "cfg": 7, "lora_interval_max": 0.9,
-         "negative_prompt": "noise"},
+        {
+            "prompt": "house drums",
+            "seconds": 1,
+            "seed": 1,
+            "steps": 3,
+            "cfg": 7,
+            "lora_interval_max": 0.9,
+            "negative_prompt": "noise",
+        },
         {"prompt": "pad", "seconds": 1.5, "seed": 2, "steps": 2, "arc": True},
-        {"prompt": "", "seconds": 1, "seed": 3, "steps": 2, "cfg": 1,
-         "adapters": [{"path": str(tiny / "a.safetensors"), "strength": 0.5}, str(tiny / "b.safetensors") + ":0.7"]},
+        {
+            "prompt": "",
+            "seconds": 1,
+            "seed": 3,
+            "steps": 2,
+            "cfg": 1,
+            "adapters": [{"path": str(tiny / "a.safetensors"), "strength": 0.5}, str(tiny / "b.safetensors") + ":0.7"],
+        },
     ]
     options = RenderOptions(tail_seconds=1.0, wav=True)
     models = DemoModels(tiny / "tiny-base", tiny / "tiny-arc")
-    summary = render_demos(out, 100, entries, models, [tiny / "a.safetensors"], baselines=True, options=options,
-                           say=lambda _: None)
+    summary = render_demos(
+        out, 100, entries, models, [tiny / "a.safetensors"], baselines=True, options=options, say=lambda _: None
+    )
     stems = ["baseline_0", "demo_0_00000100", "baseline_1", "demo_1_00000100", "baseline_2", "demo_2_00000100"]
     assert summary.rendered == stems and not summary.skipped
     for stem, seconds in zip(stems, (1, 1, 1.5, 1.5, 1, 1)):
@@ -172,14 +197,13 @@ def test_render_base_and_arc_demos_with_baselines(tiny, tmp_path):
     assert all(f'src="{stem}.mp3"' in page for stem in stems) and "(no prompt: unconditional)" in page
 
     before = {p.name: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != "index.html"}
-    again = render_demos(out, 100, entries, models, [tiny / "a.safetensors"], baselines=True, options=options,
-                         say=lambda _: None)
+    again = render_demos(
+        out, 100, entries, models, [tiny / "a.safetensors"], baselines=True, options=options, say=lambda _: None
+    )
     assert again.rendered == [] and sorted(again.existing) == sorted(stems)
     assert before == {p.name: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != "index.html"}
 
-    arc_only = [{"prompt": "pad", "seconds": 1, "seed": 2, "steps": 2, "arc": True,
-                 "adapters": [str(bad)]}]
-    skipped = render_demos(tmp_path / "skip", 5, arc_only, models, baselines=True, options=options,
-                           say=lambda _: None)
+    arc_only = [{"prompt": "pad", "seconds": 1, "seed": 2, "steps": 2, "arc": True, "adapters": [str(bad)]}]
+    skipped = render_demos(tmp_path / "skip", 5, arc_only, models, baselines=True, options=options, say=lambda _: None)
     assert skipped.rendered == ["baseline_0"] and "does not fit the ARC model" in skipped.skipped[0]
     assert "does not fit the ARC model" in (tmp_path / "skip" / "index.html").read_text()

@@ -8,8 +8,17 @@ import pytest
 import soundfile as sf
 from PIL import Image
 
-from sa3mlx.sample.audio_out import (ENCODER_DELAY, SAMPLES_PER_FRAME, crc16, encode_mp3, frame_offsets,
-                                     read_audio_length, to_int16, write_mp3, write_sidecar)
+from sa3mlx.sample.audio_out import (
+    ENCODER_DELAY,
+    SAMPLES_PER_FRAME,
+    crc16,
+    encode_mp3,
+    frame_offsets,
+    read_audio_length,
+    to_int16,
+    write_mp3,
+    write_sidecar,
+)
 from sa3mlx.sample.demo_entries import DemoEntry, parse_stem
 from sa3mlx.sample.pictures import N_MELS, PIXELS_PER_MEL, mel_db, mel_filterbank, write_spectrogram
 from sa3mlx.sample.report import SPECTROGRAM_DIR, write_index
@@ -46,10 +55,10 @@ def test_info_frame_counts_frames_and_bytes():
     assert data[36:40] == b"Xing"
     frames, total = int.from_bytes(data[44:48], "big"), int.from_bytes(data[48:52], "big")
     assert frames == len(offsets) - 1 and total == len(data)
-    delays = int.from_bytes(data[36 + 120 + 21:36 + 120 + 24], "big")
+    delays = int.from_bytes(data[36 + 120 + 21 : 36 + 120 + 24], "big")
     assert delays >> 12 == ENCODER_DELAY
     assert frames * SAMPLES_PER_FRAME == ENCODER_DELAY + pcm.shape[0] + (delays & 0xFFF)
-    tag_crc = int.from_bytes(data[36 + 120 + 34:36 + 120 + 36], "big")
+    tag_crc = int.from_bytes(data[36 + 120 + 34 : 36 + 120 + 36], "big")
     assert tag_crc == crc16(data[:190])
 
 
@@ -74,10 +83,16 @@ def test_stems():
 
 
 def test_index_shows_baseline_beside_each_step(tmp_path):
-    entries = [DemoEntry.from_dict({"prompt": "<b>drums</b> & bass", "seconds": 4}),
-               DemoEntry.from_dict({"prompt": "pad", "arc": True})]
-    for stem, index, baseline in (("baseline_0", 0, True), ("demo_0_00000000", 0, False),
-                                  ("demo_0_00000200", 0, False), ("demo_1_00000200", 1, False)):
+    entries = [
+        DemoEntry.from_dict({"prompt": "<b>drums</b> & bass", "seconds": 4}),
+        DemoEntry.from_dict({"prompt": "pad", "arc": True}),
+    ]
+    for stem, index, baseline in (
+        ("baseline_0", 0, True),
+        ("demo_0_00000000", 0, False),
+        ("demo_0_00000200", 0, False),
+        ("demo_1_00000200", 1, False),
+    ):
         (tmp_path / f"{stem}.mp3").write_bytes(b"")
         (tmp_path / SPECTROGRAM_DIR).mkdir(exist_ok=True)
         write_sidecar(tmp_path / f"{stem}.json", entries[index].sidecar(baseline))

@@ -1,10 +1,9 @@
+import mlx.core as mx
 import numpy as np
 import pytest
-
-import mlx.core as mx
+from conftest import FIXTURES, ROOT
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
-from conftest import FIXTURES, ROOT
 from sa3mlx.convert.model import convert_source
 from sa3mlx.models.conditioning import load_dit
 from sa3mlx.models.config import DiTConfig
@@ -25,8 +24,10 @@ def test_dit_parity(folder):
 
 
 def test_embedded_frequencies_equal_both_fixture_copies_bit_for_bit():
-    copies = [np.load(FIXTURES / "dit_small" / "intermediates.npz")["expo_freqs"],
-              np.load(FIXTURES / "conditioner" / "expected.npz")["seconds_expo_freqs"]]
+    copies = [
+        np.load(FIXTURES / "dit_small" / "intermediates.npz")["expo_freqs"],
+        np.load(FIXTURES / "conditioner" / "expected.npz")["seconds_expo_freqs"],
+    ]
     for stored in copies:
         assert stored.dtype == np.float32
         assert np.array_equal(stored.view(np.uint32), TORCH_FREQS_256.view(np.uint32))
@@ -37,14 +38,28 @@ def test_embedded_frequencies_equal_both_fixture_copies_bit_for_bit():
 
 
 def _random_tiny_dit(differential: bool) -> DiT:
-    cfg = DiTConfig(io_channels=4, embed_dim=64, depth=2, num_heads=1, cond_token_dim=16, global_cond_dim=16,
-                    local_add_cond_dim=5, num_memory_tokens=2, timestep_features_dim=256, ff_inner=96,
-                    differential=differential)
+    cfg = DiTConfig(
+        io_channels=4,
+        embed_dim=64,
+        depth=2,
+        num_heads=1,
+        cond_token_dim=16,
+        global_cond_dim=16,
+        local_add_cond_dim=5,
+        num_memory_tokens=2,
+        timestep_features_dim=256,
+        ff_inner=96,
+        differential=differential,
+    )
     mx.random.seed(0)
     dit = DiT(cfg)
     # every trainable tensor random (the official init zeroes several), fan-in scaled
-    dit.update(tree_map(lambda p: mx.random.normal(p.shape) / (p.shape[-1] ** 0.5 if p.ndim > 1 else 4.0),
-                        dit.trainable_parameters()))
+    dit.update(
+        tree_map(
+            lambda p: mx.random.normal(p.shape) / (p.shape[-1] ** 0.5 if p.ndim > 1 else 4.0),
+            dit.trainable_parameters(),
+        )
+    )
     return dit
 
 
@@ -100,21 +115,27 @@ def test_converted_tiny_models_load_strictly_and_run(tmp_path, name):
     cfg = dit.config
     B, T = 2, 10
     prompt = mx.random.normal((B, 5, cfg.cond_token_dim))
-    inputs = cond.assemble(prompt, mx.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]), [10.0, 30.0],
-                           mx.zeros((B, cfg.io_channels + 1, T)))
-    v = dit(mx.random.normal((B, cfg.io_channels, T)), mx.array([0.9, 0.4]), inputs.cross_attn_cond,
-            inputs.global_cond, inputs.local_add_cond)
+    inputs = cond.assemble(
+        prompt, mx.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]), [10.0, 30.0], mx.zeros((B, cfg.io_channels + 1, T))
+    )
+    v = dit(
+        mx.random.normal((B, cfg.io_channels, T)),
+        mx.array([0.9, 0.4]),
+        inputs.cross_attn_cond,
+        inputs.global_cond,
+        inputs.local_add_cond,
+    )
     assert v.shape == (B, cfg.io_channels, T) and np.isfinite(np.array(v)).all()
 
 
 def test_strict_loading_rejects_missing_and_extra_keys(tmp_path):
     convert_source(ROOT / "models" / "tiny-base", tmp_path)
     arrays = dict(np.load(tmp_path / "dit.npz"))
-    for broken, message in [({k: v for k, v in arrays.items() if k != "transformer.layers.1.ff_norm.weight"},
-                             "Missing"),
-                            ({**arrays, "transformer.layers.9.extra": arrays["cond.padding_embedding"]},
-                             "not in model"),
-                            ({**arrays, "cond.unknown": arrays["cond.padding_embedding"]}, "not in model")]:
+    for broken, message in [
+        ({k: v for k, v in arrays.items() if k != "transformer.layers.1.ff_norm.weight"}, "Missing"),
+        ({**arrays, "transformer.layers.9.extra": arrays["cond.padding_embedding"]}, "not in model"),
+        ({**arrays, "cond.unknown": arrays["cond.padding_embedding"]}, "not in model"),
+    ]:
         np.savez(tmp_path / "dit.npz", **broken)
         with pytest.raises(ValueError, match=message):
             load_dit(tmp_path / "dit.npz")

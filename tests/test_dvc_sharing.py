@@ -7,7 +7,6 @@ import logging
 
 import pytest
 from dvc.repo import Repo
-
 from dvc_project import commit_all, make_project, run
 
 UP_TO_DATE = "Data and pipelines are up to date."
@@ -56,8 +55,10 @@ def push_then_clone(source, remote: str, url: str, clone, config=(), local_confi
 def assert_nothing_to_recompute(source, clone):
     outs = declared_outs(source)
     missing = [out for out in outs if not (clone / out).exists()]
-    assert not missing, (f"outputs neither in git nor in the remote: {missing}; a clone reruns their stages. "
-                         "Keep machine-local scratch (cache: false, git-ignored) out of dvc.yaml `outs`.")
+    assert not missing, (
+        f"outputs neither in git nor in the remote: {missing}; a clone reruns their stages. "
+        "Keep machine-local scratch (cache: false, git-ignored) out of dvc.yaml `outs`."
+    )
     assert UP_TO_DATE in run(["dvc", "status"], clone)
     assert "Running stage" not in run(["dvc", "repro"], clone)
     for out in outs:
@@ -87,8 +88,9 @@ def s3_endpoint():
     try:
         host, port = server.get_host_and_port()
         url = f"http://{host}:{port}"
-        client = boto3.client("s3", endpoint_url=url, region_name="us-east-1",
-                              aws_access_key_id=S3_KEY, aws_secret_access_key=S3_SECRET)
+        client = boto3.client(
+            "s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id=S3_KEY, aws_secret_access_key=S3_SECRET
+        )
         client.create_bucket(Bucket=BUCKET)
         yield url, client
     finally:

@@ -16,9 +16,9 @@ import mutagen
 import numpy as np
 import pytest
 import soundfile as sf
+from conftest import FIXTURES, ROOT
 from tokenizers import Tokenizer
 
-from conftest import FIXTURES, ROOT
 from sa3mlx.convert.checkpoint import read_safetensors
 from sa3mlx.models.config import ModelConfig, T5GemmaConfig
 
@@ -33,8 +33,11 @@ MB = 1_000_000
 
 def file_hashes(folder: Path) -> dict[str, str]:
     """Relative path -> sha256 of every file under `folder`."""
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def folder_bytes(*folders: Path) -> int:
@@ -52,13 +55,21 @@ def shapes(path: Path) -> dict[str, tuple]:
 # ---------------------------------------------------------------- reproducibility
 
 
-@pytest.mark.parametrize("script, flag, committed, subdirs", [
-    ("make_tiny_models.py", "--out-dir", MODELS, ["tiny-base", "tiny-arc"]),
-    ("make_demo_audio.py", "--out", RAW, ["."]),
-], ids=["tiny-models", "demo-audio"])
+@pytest.mark.parametrize(
+    "script, flag, committed, subdirs",
+    [
+        ("make_tiny_models.py", "--out-dir", MODELS, ["tiny-base", "tiny-arc"]),
+        ("make_demo_audio.py", "--out", RAW, ["."]),
+    ],
+    ids=["tiny-models", "demo-audio"],
+)
 def test_generator_reproduces_committed_files(tmp_path, script, flag, committed, subdirs):
-    subprocess.run([sys.executable, str(ROOT / "tools" / script), flag, str(tmp_path / "out")],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [sys.executable, str(ROOT / "tools" / script), flag, str(tmp_path / "out")],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     for sub in subdirs:
         expected = file_hashes(committed / sub)
         assert expected, f"nothing committed under {committed / sub}"
@@ -88,8 +99,10 @@ def test_model_folder(name):
 
 def test_variants_have_different_weights():
     base, arc = (read_safetensors(MODELS / n / "model.safetensors")[0] for n in VARIANTS)
-    for key in ("conditioner.conditioners.prompt.padding_embedding",
-                "model.model.transformer.layers.0.self_attn.to_qkv.weight"):
+    for key in (
+        "conditioner.conditioners.prompt.padding_embedding",
+        "model.model.transformer.layers.0.self_attn.to_qkv.weight",
+    ):
         assert not np.array_equal(base[key], arc[key]), key
 
 

@@ -10,19 +10,27 @@ import mlx.core as mx
 import numpy as np
 import pytest
 import soundfile as sf
-
 from conftest import ROOT
+from dvc_project import make_project, run
+
 from sa3mlx.audio.normalize import LATENT_SAMPLES, normalize_dir
 from sa3mlx.audio.write import write_float_wav
 from sa3mlx.convert.model import convert_source
 from sa3mlx.data import encode as enc
 from sa3mlx.data.encode import Codec, EncodeOptions, encode_dir, parse_shard
 from sa3mlx.models.same_chunked import encode_long
-from dvc_project import make_project, run
 
 RATE = 44100
-SIDECAR_KEYS = ["path", "relpath", "src_relpath", "seconds_total", "seconds_start", "audio_samples",
-                "latent_shape", "padding_mask"]
+SIDECAR_KEYS = [
+    "path",
+    "relpath",
+    "src_relpath",
+    "seconds_total",
+    "seconds_start",
+    "audio_samples",
+    "latent_shape",
+    "padding_mask",
+]
 SUMMARY = re.compile(r"Done in .+?: (\d+) encoded, (\d+) skipped, (\d+) errors")
 
 
@@ -57,8 +65,15 @@ def work(prepared, tmp_path, monkeypatch):
 
         def run(self, options=EncodeOptions(), codec=None):
             calls.clear()
-            summary = encode_dir(tmp_path / "normalized", tmp_path / "latents", tmp_path / "cache",
-                                 codec or self.codec, options, "tiny-base", log=log.append)
+            summary = encode_dir(
+                tmp_path / "normalized",
+                tmp_path / "latents",
+                tmp_path / "cache",
+                codec or self.codec,
+                options,
+                "tiny-base",
+                log=log.append,
+            )
             assert SUMMARY.fullmatch(summary.line())
             return summary
 
@@ -87,7 +102,7 @@ def test_demo_latents_and_sidecars(work):
     files = {r["output"]: r for r in work.report["files"]}
     assert sorted(files) == enc.list_audio(normalized)
     for rel, record in files.items():
-        stem = rel[:-len(".wav")]
+        stem = rel[: -len(".wav")]
         meta = json.loads((latents / f"{stem}.json").read_text())
         tags = json.loads((normalized / f"{stem}.json").read_text())
         assert list(meta) == SIDECAR_KEYS + list(tags)
@@ -95,23 +110,52 @@ def test_demo_latents_and_sidecars(work):
         count = work.codec.encoder.latent_count(samples)
         latent = np.load(latents / f"{stem}.npy")
         assert latent.dtype == np.float32 and latent.shape == (16, count)
-        assert meta == {"path": (normalized / rel).as_posix(), "relpath": f"{stem}.npy",
-                        "src_relpath": record["source"], "seconds_total": round(samples / RATE, 3),
-                        "seconds_start": 0, "audio_samples": samples, "latent_shape": [16, count],
-                        "padding_mask": [1] * math.ceil(samples / LATENT_SAMPLES)
-                        + [0] * (count - math.ceil(samples / LATENT_SAMPLES)), **tags}
+        assert meta == {
+            "path": (normalized / rel).as_posix(),
+            "relpath": f"{stem}.npy",
+            "src_relpath": record["source"],
+            "seconds_total": round(samples / RATE, 3),
+            "seconds_start": 0,
+            "audio_samples": samples,
+            "latent_shape": [16, count],
+            "padding_mask": [1] * math.ceil(samples / LATENT_SAMPLES)
+            + [0] * (count - math.ceil(samples / LATENT_SAMPLES)),
+            **tags,
+        }
     # unscaled, one unchunked pass for these short clips: exactly the encoder's output
     audio, _ = sf.read(normalized / "loops/four_on_the_floor.wav", dtype="float32", always_2d=True)
     direct = np.array(work.codec.encoder(mx.array(audio.T[None]))[0])
     np.testing.assert_array_equal(np.load(latents / "loops/four_on_the_floor.npy"), direct)
-    assert json.loads((latents / "loops/four_on_the_floor.json").read_text())["src_relpath"] \
+    assert (
+        json.loads((latents / "loops/four_on_the_floor.json").read_text())["src_relpath"]
         == "loops/four_on_the_floor.wav"
+    )
     assert json.loads((latents / "bass_line.json").read_text())["prompt"]  # tags from the raw json sidecar
     details = json.loads((latents / "details.json").read_text())
-    assert {k: details[k] for k in ("model", "sample_rate", "audio_channels", "downsampling_ratio", "latent_dim",
-                                    "scale", "num_files", "num_errors", "max_samples")} == {
-        "model": "tiny-base", "sample_rate": RATE, "audio_channels": 2, "downsampling_ratio": 4096,
-        "latent_dim": 16, "scale": 1.0, "num_files": 8, "num_errors": 0, "max_samples": None}
+    assert {
+        k: details[k]
+        for k in (
+            "model",
+            "sample_rate",
+            "audio_channels",
+            "downsampling_ratio",
+            "latent_dim",
+            "scale",
+            "num_files",
+            "num_errors",
+            "max_samples",
+        )
+    } == {
+        "model": "tiny-base",
+        "sample_rate": RATE,
+        "audio_channels": 2,
+        "downsampling_ratio": 4096,
+        "latent_dim": 16,
+        "scale": 1.0,
+        "num_files": 8,
+        "num_errors": 0,
+        "max_samples": None,
+    }
     assert details["seconds_total"] == work.report["seconds_total"]
 
 

@@ -7,7 +7,6 @@ Deviations from the original card, on purpose: `lora` and `sample` read key name
 import ast
 
 import pytest
-
 from conftest import ROOT
 
 ALLOWED = {
@@ -40,4 +39,3 @@ def test_package_imports_only_lower_layers(package):
         for imported in imported_packages(path) - ALLOWED[package] - {package}:
             offenders.append(f"{path.relative_to(ROOT)} imports sa3mlx.{imported}")
     assert not offenders, "\n".join(offenders)
-

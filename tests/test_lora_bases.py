@@ -7,19 +7,24 @@ import sys
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import ROOT
 
 from sa3mlx.convert.checkpoint import CheckpointError, read_npz
 from sa3mlx.convert.model import convert_source
-from sa3mlx.lora.bases import (SVD_FILE, bases_if_present, bases_metadata, compute_svd_file, read_bases,
-                              weights_in_precision)
+from sa3mlx.lora.bases import (
+    SVD_FILE,
+    bases_if_present,
+    bases_metadata,
+    compute_svd_file,
+    read_bases,
+    weights_in_precision,
+)
 from sa3mlx.lora.config import LoRAConfig
 from sa3mlx.lora.inject import inject_adapters, model_layers
 from sa3mlx.lora.maths import mlx_weight_to_2d
 from sa3mlx.lora.svd import svd_bases
 from sa3mlx.lora.targeting import npz_weight_key
 from sa3mlx.models.conditioning import load_dit
-
-from conftest import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -92,11 +97,13 @@ def test_stage_script_reads_its_params(converted, tmp_path):
     project = tmp_path / "project"
     (project / "models" / "converted").mkdir(parents=True)
     (project / "models" / "converted" / "tiny-base").symlink_to(converted)
-    (project / "params.yaml").write_text(json.dumps({"model": {"base": "tiny-base"},
-                                                      "svd": {"max_rank": 8, "precision": "float32"}}))
+    (project / "params.yaml").write_text(
+        json.dumps({"model": {"base": "tiny-base"}, "svd": {"max_rank": 8, "precision": "float32"}})
+    )
     (project / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())  # the stage reads what it declares
-    result = subprocess.run([sys.executable, str(ROOT / "stages" / "svd.py")], cwd=project, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "stages" / "svd.py")], cwd=project, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     print(result.stdout)
     meta = bases_metadata(project / "models" / "svd" / "tiny-base")
@@ -105,8 +112,12 @@ def test_stage_script_reads_its_params(converted, tmp_path):
 
 def test_a_base_file_with_too_few_columns_is_refused(converted, svd_dir):
     with pytest.raises(ValueError, match="svd.max_rank >= 32"):
-        inject_adapters(*load_dit(converted / "dit.npz"), LoRAConfig(adapter_type="lora-xs", rank=32),
-                        svd_bases=read_bases(svd_dir), announce=False)
+        inject_adapters(
+            *load_dit(converted / "dit.npz"),
+            LoRAConfig(adapter_type="lora-xs", rank=32),
+            svd_bases=read_bases(svd_dir),
+            announce=False,
+        )
 
 
 def test_bases_if_present(svd_dir, tmp_path):

@@ -6,17 +6,15 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from conftest import FIXTURES
 from safetensors.numpy import save_file
 
 from sa3mlx.convert.checkpoint import CheckpointError
-from sa3mlx.lora.checkpoint import (apply_lora, checkpoint_file_name, read_lora, run_label, save_lora,
-                                    session_dir)
+from sa3mlx.lora.checkpoint import apply_lora, checkpoint_file_name, read_lora, run_label, save_lora, session_dir
 from sa3mlx.lora.config import DEFAULT_EXCLUDE, LoRAConfig
 from sa3mlx.lora.layers import LoRAShapeError, build_adapters
 from sa3mlx.lora.targeting import adaptable_layers, select_layers
 from sa3mlx.models.config import ModelConfig
-
-from conftest import FIXTURES
 
 ORDER = ["rank", "alpha", "adapter_type", "include", "exclude", "step", "epoch", "base_model"]
 OFFICIAL_PARAMS = {"lora_A", "lora_B", "M_xs", "magnitude", "magnitude_r", "magnitude_c"}
@@ -44,7 +42,7 @@ def _official_read(path):
     """An independent reader of the official format: header JSON by hand, fp16 tensors, key rule."""
     raw = path.read_bytes()
     (length,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + length])
+    header = json.loads(raw[8 : 8 + length])
     metadata = header.pop("__metadata__")
     tensors = {}
     for key, info in header.items():
@@ -53,7 +51,7 @@ def _official_read(path):
         assert parts[-2] == "0" and parts[-1] in OFFICIAL_PARAMS, key
         assert info["dtype"] == "F16"
         start, end = info["data_offsets"]
-        body = raw[8 + length + start: 8 + length + end]
+        body = raw[8 + length + start : 8 + length + end]
         tensors[key] = np.frombuffer(body, dtype="<f2").reshape(info["shape"])
     return tensors, metadata
 
@@ -61,17 +59,34 @@ def _official_read(path):
 @pytest.mark.parametrize("adapter_type", ["bora", "dora-rows-xs", "lora"])
 def test_written_checkpoint_reads_back_identically_under_the_official_rules(tmp_path, adapter_type):
     layers = _trained(adapter_type)
-    path = save_lora(tmp_path / "run-step=10-epoch=1.safetensors", layers, LoRAConfig(adapter_type, rank=4),
-                     step=10, epoch=1, base_model="sa3-sm-music")
+    path = save_lora(
+        tmp_path / "run-step=10-epoch=1.safetensors",
+        layers,
+        LoRAConfig(adapter_type, rank=4),
+        step=10,
+        epoch=1,
+        base_model="sa3-sm-music",
+    )
     tensors, metadata = _official_read(path)
     assert list(metadata) == ["lora_config"]
     config = json.loads(metadata["lora_config"])
     assert list(config) == ORDER
     assert metadata["lora_config"] == json.dumps(config)  # json.dumps default separators
-    assert config == {"rank": 4, "alpha": 4, "adapter_type": adapter_type, "include": None,
-                      "exclude": list(DEFAULT_EXCLUDE), "step": 10, "epoch": 1, "base_model": "sa3-sm-music"}
-    expected = {f"{name}.parametrizations.weight.0.{param}": np.array(value).astype(np.float16)
-                for name, layer in layers.items() for param, value in layer.lora_state().items()}
+    assert config == {
+        "rank": 4,
+        "alpha": 4,
+        "adapter_type": adapter_type,
+        "include": None,
+        "exclude": list(DEFAULT_EXCLUDE),
+        "step": 10,
+        "epoch": 1,
+        "base_model": "sa3-sm-music",
+    }
+    expected = {
+        f"{name}.parametrizations.weight.0.{param}": np.array(value).astype(np.float16)
+        for name, layer in layers.items()
+        for param, value in layer.lora_state().items()
+    }
     assert set(tensors) == set(expected)
     for key, value in expected.items():
         assert np.array_equal(tensors[key], value), key
@@ -134,8 +149,11 @@ def test_fixture_dit_checkpoint_loads_onto_the_tiny_dit_layers():
 def test_mismatches_name_the_layer(tmp_path):
     path = save_lora(tmp_path / "x.safetensors", _trained("lora"), LoRAConfig("lora", rank=4), 1, 0)
     lora = read_lora(path)
-    with pytest.raises(LoRAShapeError, match=r"model.preprocess_conv: lora_A has shape \(4, 18\).*"
-                                             r"trained for a different base\?"):
+    with pytest.raises(
+        LoRAShapeError,
+        match=r"model.preprocess_conv: lora_A has shape \(4, 18\).*"
+        r"trained for a different base\?",
+    ):
         apply_lora(lora, build_adapters(_bases(), "lora", 8))
     other = _bases()
     other["model.preprocess_conv"] = nn.Conv1d(6, 10, 5, bias=False)
@@ -159,9 +177,15 @@ def test_pickles_are_refused(tmp_path, suffix):
 def test_missing_fields_are_back_filled_and_legacy_dora_resolved(tmp_path):
     path = tmp_path / "old.safetensors"
     key = "model.transformer.layers.0.ff.ff.2.parametrizations.weight.0."
-    save_file({key + "lora_A": np.zeros((2, 8), np.float16), key + "lora_B": np.zeros((4, 2), np.float16),
-               key + "magnitude": np.ones((1, 8), np.float16)}, path,
-              metadata={"lora_config": json.dumps({"rank": 2, "adapter_type": "dora"})})
+    save_file(
+        {
+            key + "lora_A": np.zeros((2, 8), np.float16),
+            key + "lora_B": np.zeros((4, 2), np.float16),
+            key + "magnitude": np.ones((1, 8), np.float16),
+        },
+        path,
+        metadata={"lora_config": json.dumps({"rank": 2, "adapter_type": "dora"})},
+    )
     lora = read_lora(path)
     assert lora.config["alpha"] == 2 and lora.config["include"] is None and lora.config["exclude"] is None
     assert lora.stored_adapter_type == "dora" and lora.config["adapter_type"] == "dora-cols"

@@ -5,21 +5,26 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import ROOT
 from mlx.utils import tree_flatten
 from safetensors.numpy import save_file
 
 from sa3mlx.convert.model import convert_source
 from sa3mlx.lora.checkpoint import save_lora
 from sa3mlx.lora.config import LoRAConfig
-from sa3mlx.lora.inject import (apply_checkpoint, inject_adapters, load_lora_state, lora_state, model_layers,
-                                set_strength)
+from sa3mlx.lora.inject import (
+    apply_checkpoint,
+    inject_adapters,
+    load_lora_state,
+    lora_state,
+    model_layers,
+    set_strength,
+)
 from sa3mlx.lora.layers import LoRAShapeError
 from sa3mlx.lora.targeting import adaptable_layers, select_layers, summary_line
 from sa3mlx.lora.types import ADAPTER_TYPES, SAVED_PARAMS
 from sa3mlx.models.conditioning import load_dit
 from sa3mlx.models.config import ModelConfig
-
-from conftest import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +68,9 @@ def test_default_targets_match_the_summary_line(converted, capsys):
     layers = inject_adapters(dit, cond, LoRAConfig())
     printed = capsys.readouterr().out.strip()
     model = ModelConfig.load(converted.parent / "model_config.json")
-    expected = summary_line(select_layers(adaptable_layers(model.dit, model.conditioner.cond_dim), LoRAConfig()),
-                            LoRAConfig())
+    expected = summary_line(
+        select_layers(adaptable_layers(model.dit, model.conditioner.cond_dim), LoRAConfig()), LoRAConfig()
+    )
     print(printed)
     assert printed == expected
     assert f"{len(layers)} layers" in expected and len(layers) == 7 * model.dit.depth + 1

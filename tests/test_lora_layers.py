@@ -9,8 +9,7 @@ from mlx.utils import tree_flatten
 from sa3mlx.lora.layers import FROZEN_KEYS, LoRAConv1d, LoRALinear, build_adapters, wrap
 from sa3mlx.lora.maths import NORM_EPS
 from sa3mlx.lora.svd import canonical_svd
-from sa3mlx.lora.types import (ADAPTER_TYPES, AdapterTypeError, adapter_kind, resolve_adapter_type,
-                               squeeze_magnitudes)
+from sa3mlx.lora.types import ADAPTER_TYPES, AdapterTypeError, adapter_kind, resolve_adapter_type, squeeze_magnitudes
 
 ALL_NAMES = ADAPTER_TYPES + ("dora", "dora-xs", "xs")
 
@@ -128,8 +127,11 @@ def test_unmaterialized_form_equals_materialized(name, make):
     layer = wrap(base, name, 3, 6, key=mx.random.key(0))
     _randomize(layer)
     inp = base.weight.shape[-1]
-    x = mx.random.normal((2, 7, inp), key=mx.random.key(5)) if isinstance(layer, LoRAConv1d) else \
-        mx.random.normal((2, 5, inp), key=mx.random.key(5))
+    x = (
+        mx.random.normal((2, 7, inp), key=mx.random.key(5))
+        if isinstance(layer, LoRAConv1d)
+        else mx.random.normal((2, 5, inp), key=mx.random.key(5))
+    )
     for strength in (1.0, 0.5, 0.0):
         layer.strength = strength
         layer.materialize = True
@@ -198,6 +200,7 @@ def test_unmaterialized_gradients_equal_materialized(name):
         def loss(params):
             layer.update(params)
             return mx.sum(mx.sin(layer(x)))
+
         return dict(tree_flatten(mx.grad(loss)(layer.trainable_parameters())))
 
     full, fast = grads(True), grads(False)

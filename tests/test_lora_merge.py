@@ -6,6 +6,7 @@ import shutil
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import FIXTURES
 from safetensors.numpy import save_file
 
 from sa3mlx.cli import main as cli_main
@@ -19,8 +20,6 @@ from sa3mlx.lora.merge import MLX_MERGE_RULE, merge_files, parse_lora_arg
 from sa3mlx.models.conditioning import load_dit
 from sa3mlx.parity.compare import psnr_db
 from sa3mlx.runtime.io import save_npz
-
-from conftest import FIXTURES
 
 DORA_FILE = FIXTURES / "lora" / "dit_dora_rows.safetensors"
 
@@ -54,8 +53,15 @@ def _random_adapter(base, path, adapter_type, seed, rank=4):
     cfg = LoRAConfig(adapter_type=adapter_type, rank=rank, alpha=2 * rank)
     layers = inject_adapters(dit, cond, cfg, key=mx.random.key(seed), announce=False)
     rng = np.random.default_rng(seed)
-    load_lora_state(layers, {k: np.array(v) * (1 + 0.1 * rng.standard_normal(v.shape)) if ".magnitude" in k
-                             else 0.05 * rng.standard_normal(v.shape) for k, v in lora_state(layers).items()})
+    load_lora_state(
+        layers,
+        {
+            k: np.array(v) * (1 + 0.1 * rng.standard_normal(v.shape))
+            if ".magnitude" in k
+            else 0.05 * rng.standard_normal(v.shape)
+            for k, v in lora_state(layers).items()
+        },
+    )
     return save_lora(path, layers, cfg, step=1, epoch=1)
 
 
@@ -123,13 +129,15 @@ def test_peft_adapter_merges_like_the_same_sa3_adapter(base, tmp_path):
         module = ("conditioner." + layer) if layer.startswith("conditioners.") else "model." + layer
         renamed[f"base_model.model.{module}.{param}.weight"] = value
     save_file(renamed, str(peft / "adapter_model.safetensors"))
-    (peft / "adapter_config.json").write_text(json.dumps(
-        {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["to_qkv", "to_out"]}))
+    (peft / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["to_qkv", "to_out"]})
+    )
     expected = _merged(base, tmp_path, [f"{sa3}:0.7"], "sa3")[1]
     via_folder = _merged(base, tmp_path, [f"{peft}:0.7"], "peft")[1]
     via_file = _merged(base, tmp_path, [f"{peft / 'adapter_model.safetensors'}:0.7"], "peft2")[1]
-    assert all(np.array_equal(expected[k], via_folder[k]) and np.array_equal(expected[k], via_file[k])
-               for k in expected)
+    assert all(
+        np.array_equal(expected[k], via_folder[k]) and np.array_equal(expected[k], via_file[k]) for k in expected
+    )
 
 
 def test_xs_merge_uses_svd_stage_bases_or_recomputes(base, tmp_path):
@@ -154,12 +162,29 @@ def test_cli_merge_and_its_errors(base, tmp_path, capsys):
     assert cli_main(["lora", "merge", "--base", str(base), "--lora", f"{DORA_FILE}:0.5", "--out", str(out)]) == 0
     assert "torch (live parametrisation)" in capsys.readouterr().out
     assert (out.parent / "model_config.json").is_file()
-    assert cli_main(["lora", "merge", "--base", str(base), "--lora", str(tmp_path / "x.ckpt"),
-                     "--out", str(tmp_path / "y.npz")]) == 2
+    assert (
+        cli_main(
+            ["lora", "merge", "--base", str(base), "--lora", str(tmp_path / "x.ckpt"), "--out", str(tmp_path / "y.npz")]
+        )
+        == 2
+    )
     assert "pickles" in capsys.readouterr().err
     wrong = read_npz(base)
     wrong["transformer.layers.0.self_attn.to_qkv.weight"] = wrong["transformer.layers.0.self_attn.to_qkv.weight"][:8]
     save_npz(tmp_path / "wrong.npz", wrong)
-    assert cli_main(["lora", "merge", "--base", str(tmp_path / "wrong.npz"), "--lora", str(DORA_FILE),
-                     "--out", str(tmp_path / "z.npz")]) == 2
+    assert (
+        cli_main(
+            [
+                "lora",
+                "merge",
+                "--base",
+                str(tmp_path / "wrong.npz"),
+                "--lora",
+                str(DORA_FILE),
+                "--out",
+                str(tmp_path / "z.npz"),
+            ]
+        )
+        == 2
+    )
     assert "trained for a different base?" in capsys.readouterr().err

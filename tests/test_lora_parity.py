@@ -1,14 +1,13 @@
 import math
 
 import pytest
+from conftest import FIXTURES
 
 from sa3mlx.parity import lora as lora_kind
 from sa3mlx.parity.compare import psnr_db
 from sa3mlx.parity.fixture import Fixture
 from sa3mlx.parity.registry import THRESHOLDS_DB
 from sa3mlx.parity.run import check
-
-from conftest import FIXTURES
 
 FOLDER = FIXTURES / "lora"
 FLOOR_DB = THRESHOLDS_DB["lora"]
@@ -26,8 +25,20 @@ def test_parity_check_lora_passes_every_computed_key():
     computed = [(file, c) for file, c in report.rows if f"{file}:{c.key}" not in report.passthrough]
     assert all(c.psnr_db >= FLOOR_DB for _, c in computed)
     files = {file for file, _ in computed}
-    assert {f"layer_{t}.npz" for t in ("lora", "dora-rows", "dora-cols", "bora", "lora-xs", "dora-rows-xs",
-                                        "dora-cols-xs", "bora-xs", "dora")} <= files
+    assert {
+        f"layer_{t}.npz"
+        for t in (
+            "lora",
+            "dora-rows",
+            "dora-cols",
+            "bora",
+            "lora-xs",
+            "dora-rows-xs",
+            "dora-cols-xs",
+            "bora-xs",
+            "dora",
+        )
+    } <= files
     assert {"layer_inputs.npz", "include_exclude_examples.json", "dit_lora_layers.json", "dit_expected.npz"} <= files
     assert not report.missing
 
@@ -40,8 +51,9 @@ def test_legacy_dora_checkpoint_behaves_as_dora_cols():
         assert c.passes(FLOOR_DB), key
 
 
-@pytest.mark.parametrize("file", [f for f in Fixture(FOLDER).expected_files()
-                                  if f.startswith("layer_") and f != "layer_inputs.npz"])
+@pytest.mark.parametrize(
+    "file", [f for f in Fixture(FOLDER).expected_files() if f.startswith("layer_") and f != "layer_inputs.npz"]
+)
 def test_unmaterialized_form_matches_the_fixtures(file):
     fixture = Fixture(FOLDER)
     produced = lora_kind.layer_outputs(fixture, file, materialize=False)

@@ -1,17 +1,35 @@
 import json
 
 import pytest
-
-from sa3mlx.lora.config import DEFAULT_EXCLUDE, LoRAConfig
-from sa3mlx.lora.targeting import (adaptable_layers, checkpoint_name, count_adapter, expand, is_selected,
-                                   matches_any, mlx_module_path, select_layers, summary_line)
-from sa3mlx.models.config import DiTConfig
-
 from conftest import FIXTURES
 
-SMALL_MUSIC = DiTConfig(io_channels=256, embed_dim=1024, depth=20, num_heads=16, cond_token_dim=768,
-                        global_cond_dim=768, local_add_cond_dim=257, num_memory_tokens=64,
-                        timestep_features_dim=256, ff_inner=4096, differential=False)
+from sa3mlx.lora.config import DEFAULT_EXCLUDE, LoRAConfig
+from sa3mlx.lora.targeting import (
+    adaptable_layers,
+    checkpoint_name,
+    count_adapter,
+    expand,
+    is_selected,
+    matches_any,
+    mlx_module_path,
+    select_layers,
+    summary_line,
+)
+from sa3mlx.models.config import DiTConfig
+
+SMALL_MUSIC = DiTConfig(
+    io_channels=256,
+    embed_dim=1024,
+    depth=20,
+    num_heads=16,
+    cond_token_dim=768,
+    global_cond_dim=768,
+    local_add_cond_dim=257,
+    num_memory_tokens=64,
+    timestep_features_dim=256,
+    ff_inner=4096,
+    differential=False,
+)
 SECONDS = "conditioners.seconds_total.embedder.embedding.1"
 
 
@@ -24,8 +42,14 @@ def test_small_music_default_target_summary():
     assert layers[-1].name == SECONDS and (layers[-1].fan_out, layers[-1].fan_in) == (768, 256)
     per_block = [layer.name for layer in layers if layer.name.startswith("model.transformer.layers.3.")]
     assert [n.split("layers.3.")[1] for n in per_block] == [
-        "self_attn.to_qkv", "self_attn.to_out", "cross_attn.to_q", "cross_attn.to_kv", "cross_attn.to_out",
-        "ff.ff.0.proj", "ff.ff.2"]
+        "self_attn.to_qkv",
+        "self_attn.to_out",
+        "cross_attn.to_q",
+        "cross_attn.to_kv",
+        "cross_attn.to_out",
+        "ff.ff.0.proj",
+        "ff.ff.2",
+    ]
 
 
 def test_adapt_conditioner_false_drops_the_seconds_embedder():
@@ -67,11 +91,13 @@ def test_exclude_wins_over_include():
 
 def test_tiny_dit_adapted_layers_match_the_official_list():
     from sa3mlx.models.config import ModelConfig
+
     expected = json.loads((FIXTURES / "lora" / "dit_lora_layers.json").read_text())
     model = ModelConfig.load(FIXTURES / "dit_small" / "model_config.json")
     meta = expected["lora_config_metadata"]
-    cfg = LoRAConfig(adapter_type=meta["adapter_type"], rank=meta["rank"], alpha=meta["alpha"],
-                     exclude=tuple(meta["exclude"]))
+    cfg = LoRAConfig(
+        adapter_type=meta["adapter_type"], rank=meta["rank"], alpha=meta["alpha"], exclude=tuple(meta["exclude"])
+    )
     chosen = select_layers(adaptable_layers(model.dit, model.conditioner.cond_dim), cfg)
     assert [layer.name for layer in chosen] == expected["adapted_layers"]
 

@@ -3,19 +3,21 @@ import struct
 
 import numpy as np
 import pytest
+from conftest import FIXTURES
 from safetensors.numpy import save_file
 
 from sa3mlx.lora.validate import REASONS, main, validate
-
-from conftest import FIXTURES
 
 KEY = "model.transformer.layers.0.ff.ff.2.parametrizations.weight.0."
 CHECKPOINTS = sorted(p for p in (FIXTURES / "lora").glob("*.safetensors") if p.name != "base_weights.safetensors")
 
 
 def _adapter(path, metadata):
-    save_file({KEY + "lora_A": np.zeros((2, 8), np.float16), KEY + "lora_B": np.zeros((4, 2), np.float16)},
-              path, metadata=metadata)
+    save_file(
+        {KEY + "lora_A": np.zeros((2, 8), np.float16), KEY + "lora_B": np.zeros((4, 2), np.float16)},
+        path,
+        metadata=metadata,
+    )
     return path
 
 
@@ -45,7 +47,7 @@ CASES = {
     "no_adapter_keys": _base_model,
     "no_lora_config": lambda tmp: _adapter(tmp / "n.safetensors", {"other": "1"}),
     "config_not_json": lambda tmp: _adapter(tmp / "j.safetensors", {"lora_config": "{rank: 4"}),
-    "config_not_object": lambda tmp: _adapter(tmp / "o.safetensors", {"lora_config": "[4, \"lora\"]"}),
+    "config_not_object": lambda tmp: _adapter(tmp / "o.safetensors", {"lora_config": '[4, "lora"]'}),
     "missing_rank": lambda tmp: _adapter(tmp / "r.safetensors", {"lora_config": '{"adapter_type": "lora"}'}),
     "missing_adapter_type": lambda tmp: _adapter(tmp / "t.safetensors", {"lora_config": '{"rank": 2}'}),
 }
@@ -71,7 +73,7 @@ def test_garbage_header_is_unreadable(tmp_path):
     path = tmp_path / "g.safetensors"
     path.write_bytes(struct.pack("<Q", 5) + b"{oops")
     assert validate(path)["reason"] == "unreadable"
-    path.write_bytes(struct.pack("<Q", 10 ** 9) + b"{}")
+    path.write_bytes(struct.pack("<Q", 10**9) + b"{}")
     assert validate(path)["reason"] == "unreadable"
 
 
@@ -88,7 +90,7 @@ def test_every_fixture_checkpoint_is_accepted(path, capsys):
 def _metadata(path):
     raw = path.read_bytes()
     (length,) = struct.unpack("<Q", raw[:8])
-    return json.loads(raw[8:8 + length])["__metadata__"]["lora_config"]
+    return json.loads(raw[8 : 8 + length])["__metadata__"]["lora_config"]
 
 
 def test_report_contents_follow_underfit():
@@ -103,8 +105,9 @@ def test_report_contents_follow_underfit():
 
 
 def test_only_absent_fields_are_back_filled(tmp_path):
-    path = _adapter(tmp_path / "a.safetensors",
-                    {"lora_config": json.dumps({"rank": 2, "adapter_type": "lora", "include": None})})
+    path = _adapter(
+        tmp_path / "a.safetensors", {"lora_config": json.dumps({"rank": 2, "adapter_type": "lora", "include": None})}
+    )
     config = validate(path)["config"]
     assert config["alpha"] == 2 and config["include"] is None and config["exclude"] == []
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 import yaml
+from conftest import ROOT
 from mutagen.flac import FLAC
 
-from conftest import ROOT
 from sa3mlx.audio import reasons
 from sa3mlx.audio.census import summary
 from sa3mlx.audio.naming import output_stems
@@ -41,11 +41,26 @@ def demo(tmp_path_factory):
 
 def test_demo_census(demo):
     report, out = demo
-    assert report["counts"] == {"audio_files": 9, "decoded": 9, "kept": 8, "duplicates": 1, "quarantined": 0,
-                                "silent": 0, "capped": 0, "ignored": 0}
+    assert report["counts"] == {
+        "audio_files": 9,
+        "decoded": 9,
+        "kept": 8,
+        "duplicates": 1,
+        "quarantined": 0,
+        "silent": 0,
+        "capped": 0,
+        "ignored": 0,
+    }
     assert report["formats"] == {"FLAC": 2, "MP3": 1, "OGG": 2, "WAV": 4}
-    assert report["encodings"] == {"FLAC PCM_16": 1, "FLAC PCM_24": 1, "MP3 MPEG_LAYER_III": 1, "OGG VORBIS": 2,
-                                   "WAV FLOAT": 1, "WAV PCM_16": 2, "WAV PCM_24": 1}
+    assert report["encodings"] == {
+        "FLAC PCM_16": 1,
+        "FLAC PCM_24": 1,
+        "MP3 MPEG_LAYER_III": 1,
+        "OGG VORBIS": 2,
+        "WAV FLOAT": 1,
+        "WAV PCM_16": 2,
+        "WAV PCM_24": 1,
+    }
     assert report["sample_rates"] == {"22050": 3, "44100": 3, "48000": 3}
     assert report["channels"] == {"1": 4, "2": 5}
     assert report["durations"] == {"<10s": 5, "10-30s": 4}
@@ -61,13 +76,23 @@ def test_demo_census(demo):
 
 def test_demo_outputs_keep_relative_paths_with_a_json_next_to_each(demo):
     _, out = demo
-    stems = ["ambient_sweep", "bass_line", "chords/warm_piano_chords", "funk_groove", "loops/four_on_the_floor",
-             "melody/lofi_keys", "set2/audio/arp_lead", "set2/audio/dub_chords"]
+    stems = [
+        "ambient_sweep",
+        "bass_line",
+        "chords/warm_piano_chords",
+        "funk_groove",
+        "loops/four_on_the_floor",
+        "melody/lofi_keys",
+        "set2/audio/arp_lead",
+        "set2/audio/dub_chords",
+    ]
     assert tree_files(out) == sorted([REPORT_NAME] + [s + e for s in stems for e in (".json", ".wav")])
     assert json.loads((out / "loops/four_on_the_floor.json").read_text()) == {
-        "prompt": "house drums loop with four on the floor kick and hihat at 124 bpm"}
+        "prompt": "house drums loop with four on the floor kick and hihat at 124 bpm"
+    }
     assert json.loads((out / "set2/audio/dub_chords.json").read_text()) == {
-        "prompt": "minimal dub techno chord loop in d minor at 120 bpm"}
+        "prompt": "minimal dub techno chord loop in d minor at 120 bpm"
+    }
 
 
 def test_demo_outputs_are_44k1_stereo_float_with_resampled_lengths(demo):
@@ -90,8 +115,8 @@ def test_embedded_metadata_is_not_copied_into_the_audio(demo, tmp_path):
     data = (out / "funk_groove.wav").read_bytes()  # source has ID3 tags
     chunks, pos = [], 12
     while pos < len(data):
-        size = int.from_bytes(data[pos + 4:pos + 8], "little")
-        chunks.append(data[pos:pos + 4])
+        size = int.from_bytes(data[pos + 4 : pos + 8], "little")
+        chunks.append(data[pos : pos + 4])
         pos += 8 + size + (size & 1)
     assert data[:4] == b"RIFF" and chunks == [b"fmt ", b"fact", b"data"]
     assert mutagen.File(out / "funk_groove.wav") is None or not mutagen.File(out / "funk_groove.wav").tags
@@ -165,9 +190,19 @@ def test_odd_names_and_name_collisions(tmp_path):
     (raw / "notes.md").write_text("not audio")
     report = normalize_dir(raw, tmp_path / "out")
     out = tmp_path / "out"
-    assert tree_files(out) == sorted(["dir with space/mélodie – ünïcode 🎵.json", "dir with space/mélodie – ünïcode 🎵.wav",
-                                      "report-wav.json", "report-wav.wav", REPORT_NAME, "take-flac.json",
-                                      "take-flac.wav", "take-wav.json", "take-wav.wav"])
+    assert tree_files(out) == sorted(
+        [
+            "dir with space/mélodie – ünïcode 🎵.json",
+            "dir with space/mélodie – ünïcode 🎵.wav",
+            "report-wav.json",
+            "report-wav.wav",
+            REPORT_NAME,
+            "take-flac.json",
+            "take-flac.wav",
+            "take-wav.json",
+            "take-wav.wav",
+        ]
+    )
     assert json.loads((out / odd).with_suffix(".json").read_text()) == {"prompt": "a tune with an odd name"}
     assert report["ignored"] == [{"path": "notes.md", "why": "not an audio extension"}]
 
@@ -176,8 +211,15 @@ def test_output_stems_are_deterministic_and_unique():
     names = ["a.wav", "a.flac", "A.mp3", "b/c.ogg", "a-wav.mp3", "report.flac", "b/report.wav"]
     stems = output_stems(names)
     assert stems == output_stems(list(reversed(names)))
-    assert stems == {"A.mp3": "A-mp3", "a-wav.mp3": "a-wav", "a.flac": "a-flac", "a.wav": "a-wav-2",
-                     "b/c.ogg": "b/c", "b/report.wav": "b/report", "report.flac": "report-flac"}
+    assert stems == {
+        "A.mp3": "A-mp3",
+        "a-wav.mp3": "a-wav",
+        "a.flac": "a-flac",
+        "a.wav": "a-wav-2",
+        "b/c.ogg": "b/c",
+        "b/report.wav": "b/report",
+        "report.flac": "report-flac",
+    }
 
 
 def test_options_reject_unknown_or_bad_params():
@@ -216,12 +258,15 @@ def run_stage(project, monkeypatch):
     return stage["main"]()
 
 
-@pytest.mark.parametrize("files, strict, code", [
-    ({"good.wav": noise(RATE), "bad.wav": b""}, False, 0),
-    ({"good.wav": noise(RATE), "bad.wav": b""}, True, 1),
-    ({"good.wav": noise(RATE)}, True, 0),
-    ({"bad.wav": b"", "worse.flac": b"text"}, False, 1),
-])
+@pytest.mark.parametrize(
+    "files, strict, code",
+    [
+        ({"good.wav": noise(RATE), "bad.wav": b""}, False, 0),
+        ({"good.wav": noise(RATE), "bad.wav": b""}, True, 1),
+        ({"good.wav": noise(RATE)}, True, 0),
+        ({"bad.wav": b"", "worse.flac": b"text"}, False, 1),
+    ],
+)
 def test_stage_exits_nonzero_only_if_nothing_usable_or_strict(tmp_path, monkeypatch, capsys, files, strict, code):
     project = stage_project(tmp_path, files, strict=strict)
     assert run_stage(project, monkeypatch) == code

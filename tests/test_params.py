@@ -9,13 +9,20 @@ import yaml
 
 from sa3mlx.runtime.params import UndeclaredParamError, declared_params, stage_params
 
-DVC = {"stages": {
-    "fit": {"cmd": "python fit.py", "params": ["model.base", "fit.lr", "fit.adapter", {"params.yaml": ["fit.seed"]}]},
-    "whole": {"cmd": "python whole.py", "params": ["fit"]},
-    "other": {"cmd": "python other.py", "params": [{"other.yaml": ["x"]}]},
-}}
-PARAMS = {"model": {"base": "tiny-base", "arc": "tiny-arc"},
-          "fit": {"lr": 1e-4, "batch": 4, "seed": 3, "adapter": {"rank": 16, "include": ["a", "b"]}}}
+DVC = {
+    "stages": {
+        "fit": {
+            "cmd": "python fit.py",
+            "params": ["model.base", "fit.lr", "fit.adapter", {"params.yaml": ["fit.seed"]}],
+        },
+        "whole": {"cmd": "python whole.py", "params": ["fit"]},
+        "other": {"cmd": "python other.py", "params": [{"other.yaml": ["x"]}]},
+    }
+}
+PARAMS = {
+    "model": {"base": "tiny-base", "arc": "tiny-arc"},
+    "fit": {"lr": 1e-4, "batch": 4, "seed": 3, "adapter": {"rank": 16, "include": ["a", "b"]}},
+}
 
 
 @pytest.fixture
@@ -65,7 +72,7 @@ def test_reads_are_recorded_at_declared_granularity(project):
     usage = params.usage
     assert usage.declared == ["model.base", "fit.lr", "fit.adapter", "fit.seed"]
     params["fit"]["adapter"]
-    "seed" in params["fit"]  # membership is not a read
+    assert "seed" in params["fit"]  # membership is not a read
     assert usage.read == {"fit.adapter"} and usage.unread() == ["model.base", "fit.lr", "fit.seed"]
     params["fit"]["lr"], params["fit"].get("seed")
     assert usage.unread() == ["model.base"]
@@ -87,14 +94,20 @@ def test_declared_entries(project):
 
 def test_audit_written_at_exit(project, tmp_path):
     audit = tmp_path / "audit"
-    script = ("from sa3mlx.runtime.params import stage_params\n"
-              f"p = stage_params('fit', {str(project)!r})\n"
-              "p['fit']['lr']; p['model']['base']\n")
-    subprocess.run([sys.executable, "-c", script], check=True, env={"SA3MLX_PARAMS_AUDIT": str(audit),
-                                                                    "PATH": "/usr/bin:/bin"})
+    script = (
+        "from sa3mlx.runtime.params import stage_params\n"
+        f"p = stage_params('fit', {str(project)!r})\n"
+        "p['fit']['lr']; p['model']['base']\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", script], check=True, env={"SA3MLX_PARAMS_AUDIT": str(audit), "PATH": "/usr/bin:/bin"}
+    )
     record = json.loads((audit / "fit.json").read_text())
-    assert record == {"stage": "fit", "declared": ["fit.adapter", "fit.lr", "fit.seed", "model.base"],
-                      "read": ["fit.lr", "model.base"]}
+    assert record == {
+        "stage": "fit",
+        "declared": ["fit.adapter", "fit.lr", "fit.seed", "model.base"],
+        "read": ["fit.lr", "model.base"],
+    }
 
 
 def test_train_stage_refuses_a_train_key_it_does_not_declare(tmp_path):
@@ -104,7 +117,8 @@ def test_train_stage_refuses_a_train_key_it_does_not_declare(tmp_path):
     params["train"]["grad_accum"] = 2  # a TrainConfig field, set without declaring it in dvc.yaml
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     (tmp_path / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())
-    result = subprocess.run([sys.executable, str(ROOT / "stages" / "train.py")], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "stages" / "train.py")], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode != 0
     assert "params.yaml sets ['train.grad_accum'] but stage 'train' does not declare them" in result.stderr

@@ -4,7 +4,6 @@ test_pipeline_behaviour.py)."""
 import numpy as np
 import pytest
 import yaml
-
 from dvc_project import make_project, run
 
 

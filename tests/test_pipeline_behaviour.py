@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 import yaml
+from dvc_project import commit_all, fork, make_project, ran_stages, restored_stages, run, tool_env
 
 from sa3mlx.runtime.params import AUDIT_ENV, declared_params
-from dvc_project import commit_all, fork, make_project, ran_stages, restored_stages, run, tool_env
 
 STAGES = ["convert", "svd", "normalize", "encode", "train", "demo"]  # dvc.yaml, in the order DVC runs them
 UP_TO_DATE = "Data and pipelines are up to date."
@@ -62,8 +62,11 @@ def set_param(project: Path, key: str, value) -> None:
 
 
 def digests(folder: Path) -> dict[str, str]:
-    return {p.relative_to(folder).as_posix(): hashlib.md5(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): hashlib.md5(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def final_adapter(project: Path) -> Path:
@@ -82,6 +85,7 @@ def encode_counts(output: str) -> tuple[int, int]:
 
 
 # ---- first run, no-op, params audit -----------------------------------------------------------------
+
 
 def test_first_repro_runs_all_six_stages_and_the_second_none(base):
     with open(base["path"] / "dvc.yaml") as f:
@@ -108,6 +112,7 @@ def test_every_stage_reads_exactly_the_params_it_declares(base):
 
 
 # ---- what a change reruns, and the run-cache --------------------------------------------------------
+
 
 def test_train_lr_reruns_train_and_demo_and_train_never_uses_the_run_cache(base, work):
     original = final_adapter(work).read_bytes()
@@ -157,8 +162,9 @@ def test_an_encode_param_that_leaves_the_latents_alike_stops_at_train(base, work
     set_param(work, "encode.chunk_above_seconds", 25)
     out = run(["dvc", "repro"], work)
     assert ran_stages(out) == ["encode", "train"] and "Stage 'demo' didn't change" in out
-    changed = {k for k, v in digests(work / "data" / "latents").items()
-               if digests(base["path"] / "data" / "latents")[k] != v}
+    changed = {
+        k for k, v in digests(work / "data" / "latents").items() if digests(base["path"] / "data" / "latents")[k] != v
+    }
     assert changed == {"details.json"}
     assert final_adapter(work).read_bytes() == final_adapter(base["path"]).read_bytes()
 
@@ -168,8 +174,9 @@ def test_adding_one_audio_file_reruns_normalize_encode_train_demo(base, work):
     out = run(["dvc", "repro"], work)
     assert ran_stages(out) == ["normalize", "encode", "train", "demo"]
     before, after = digests(base["path"] / "data" / "normalized"), digests(work / "data" / "normalized")
-    assert {k: after[k] for k in before if k != "report.json"} == {k: v for k, v in before.items()
-                                                                   if k != "report.json"}
+    assert {k: after[k] for k in before if k != "report.json"} == {
+        k: v for k, v in before.items() if k != "report.json"
+    }
     assert set(after) - set(before) == {"added.wav", "added.json"}
     assert encode_counts(out) == (1, 8)
     assert "resume: starting over" in out and "inputs.data/latents" in out
@@ -178,10 +185,18 @@ def test_adding_one_audio_file_reruns_normalize_encode_train_demo(base, work):
 
 # ---- interrupted runs ------------------------------------------------------------------------------
 
+
 def start_repro(project: Path, *targets: str, stdout=subprocess.PIPE) -> subprocess.Popen:
     """`dvc repro` in its own process group, so one SIGKILL takes DVC and the stage command down."""
-    return subprocess.Popen(["dvc", "repro", *targets], cwd=project, env=tool_env(), stdout=stdout,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        ["dvc", "repro", *targets],
+        cwd=project,
+        env=tool_env(),
+        stdout=stdout,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def kill(proc: subprocess.Popen) -> None:
@@ -209,8 +224,9 @@ def test_killed_encode_resumes_with_the_files_it_had_finished(base, work):
     assert ran_stages(out) == ["encode"]
     assert encode_counts(out) == (len(extras) - finished, 8 + finished)  # only the unfinished files
     latents, reference = digests(work / "data" / "latents"), digests(base["path"] / "data" / "latents")
-    assert {k: latents[k] for k in reference if k != "details.json"} == \
-        {k: v for k, v in reference.items() if k != "details.json"}
+    assert {k: latents[k] for k in reference if k != "details.json"} == {
+        k: v for k, v in reference.items() if k != "details.json"
+    }
     assert {f"{name}.npy" for name in extras} <= set(latents)
 
 
@@ -240,6 +256,7 @@ def test_killed_train_resumes_from_its_last_checkpoint_and_ends_as_an_uninterrup
 
 
 # ---- experiments -----------------------------------------------------------------------------------
+
 
 def test_exp_run_with_a_train_lr_and_exp_show_lists_the_metrics(base, work):
     out = run(["dvc", "exp", "run", "-n", "lr-x2", "-S", "train.lr=0.0002"], work)

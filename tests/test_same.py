@@ -6,22 +6,19 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import FIXTURES, ROOT
 
 from sa3mlx.convert.checkpoint import read_safetensors
 from sa3mlx.convert.model import convert_source
 from sa3mlx.convert.same import same_to_mlx
 from sa3mlx.models.config import AutoencoderConfig
 from sa3mlx.models.patching import patchify, unpatchify
-from sa3mlx.models.same import (load_same_decoder, load_same_encoder, same_decoder_from_arrays,
-                                same_encoder_from_arrays)
-from sa3mlx.models.same_chunked import (decode_chunked_torch, decode_long, encode_chunked_torch,
-                                        encode_long)
+from sa3mlx.models.same import load_same_decoder, load_same_encoder, same_decoder_from_arrays, same_encoder_from_arrays
+from sa3mlx.models.same_chunked import decode_chunked_torch, decode_long, encode_chunked_torch, encode_long
 from sa3mlx.models.same_layers import band_attention
 from sa3mlx.parity.compare import psnr_db
 from sa3mlx.parity.registry import THRESHOLDS_DB
 from sa3mlx.parity.run import check
-
-from conftest import FIXTURES, ROOT
 
 SAME = FIXTURES / "same"
 CODECS = ("same_s", "same_l")
@@ -79,7 +76,7 @@ def test_encode_lengths_and_masks(codecs, name, samples):
     latents, mask = encode_long(enc, x, chunk=4, overlap=2)
     assert latents.shape == (1, 16, expected_latents(name, samples))
     assert mask.shape == (1, latents.shape[-1]) and mask.dtype == bool
-    assert mask.sum() == math.ceil(samples / 4096) and mask[0, :math.ceil(samples / 4096)].all()
+    assert mask.sum() == math.ceil(samples / 4096) and mask[0, : math.ceil(samples / 4096)].all()
     torch_chunked = encode_chunked_torch(enc, x, 4, 2)
     if samples >= 4 * 4096:  # the official chunked path: floor(samples / 4096) latents
         assert torch_chunked.shape[-1] == samples // 4096

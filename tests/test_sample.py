@@ -1,18 +1,32 @@
+import mlx.core as mx
 import numpy as np
 import pytest
-
-import mlx.core as mx
-
 from conftest import FIXTURES
+
 from sa3mlx.models.conditioning import DiTInputs
 from sa3mlx.parity.registry import THRESHOLDS_DB
 from sa3mlx.parity.run import check
-from sa3mlx.sample.samplers import (GuidedVelocity, apg_project, fixed_noise, guide, sample, sample_euler,
-                                    sample_pingpong)
+from sa3mlx.sample.samplers import (
+    GuidedVelocity,
+    apg_project,
+    fixed_noise,
+    guide,
+    sample,
+    sample_euler,
+    sample_pingpong,
+)
 from sa3mlx.sample.schedule import build_schedule
 
-THIS_ISSUE = {"sched_8", "sched_4", "sched_50", "sched_8_sigma_max_0.7", "sched_8_none",
-              "logsnr_rate0_scalar", "logsnr_rate0_tensor", "logsnr_rate0_per_element"}
+THIS_ISSUE = {
+    "sched_8",
+    "sched_4",
+    "sched_50",
+    "sched_8_sigma_max_0.7",
+    "sched_8_none",
+    "logsnr_rate0_scalar",
+    "logsnr_rate0_tensor",
+    "logsnr_rate0_per_element",
+}
 
 
 def test_schedules_parity():
@@ -25,7 +39,7 @@ def test_schedules_parity():
 
 
 def test_default_eight_step_schedule():
-    expected = [1, .9944, .9845, .9579, .8909, .7455, .5125, .2739, 0]
+    expected = [1, 0.9944, 0.9845, 0.9579, 0.8909, 0.7455, 0.5125, 0.2739, 0]
     assert build_schedule(8, fallback_seq_len=64) == pytest.approx(expected, abs=5e-5)
     assert build_schedule(8, fallback_seq_len=4096) == pytest.approx(expected, abs=5e-5)  # rate 0: no L
 
@@ -90,6 +104,7 @@ def test_inpainting_pastes_kept_frames_back():
 
 def test_random_noise_is_keyed_per_step_whatever_the_call_order():
     import mlx.core as mx
+
     from sa3mlx.sample.samplers import random_noise
 
     forward, shuffled = random_noise(mx.random.key(3)), random_noise(mx.random.key(3))

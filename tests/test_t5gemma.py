@@ -3,8 +3,8 @@ import shutil
 
 import mlx.core as mx
 import numpy as np
-
 from conftest import FIXTURES, ROOT
+
 from sa3mlx.convert.model import ConvertOptions, convert_source
 from sa3mlx.models.config import ModelConfig, T5GemmaConfig
 from sa3mlx.models.prompt import PromptEncoder
@@ -39,10 +39,22 @@ def test_conditioner_prompt_hidden_state_with_empty_row():
 
 
 def small_config(**changes) -> T5GemmaConfig:
-    base = dict(vocab_size=20, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=4, head_dim=8,
-                intermediate_size=16, query_pre_attn_scalar=8.0, attn_logit_softcapping=50.0,
-                rms_norm_eps=1e-6, rope_theta=10000.0, layer_types=("full_attention",),
-                sliding_window=4096, pad_token_id=0)
+    base = dict(
+        vocab_size=20,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=4,
+        head_dim=8,
+        intermediate_size=16,
+        query_pre_attn_scalar=8.0,
+        attn_logit_softcapping=50.0,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        layer_types=("full_attention",),
+        sliding_window=4096,
+        pad_token_id=0,
+    )
     return T5GemmaConfig(**{**base, **changes})
 
 
@@ -50,8 +62,9 @@ def random_arrays(config: T5GemmaConfig, seed: int = 0) -> dict[str, np.ndarray]
     from sa3mlx.convert.t5gemma import t5gemma_shapes
 
     rng = np.random.default_rng(seed)
-    return {k: (rng.standard_normal(s) / math.sqrt(s[-1])).astype(np.float32)
-            for k, s in t5gemma_shapes(config).items()}
+    return {
+        k: (rng.standard_normal(s) / math.sqrt(s[-1])).astype(np.float32) for k, s in t5gemma_shapes(config).items()
+    }
 
 
 def test_gqa_equals_attention_with_repeated_kv_heads():
@@ -101,8 +114,11 @@ def test_fp16_storage_computes_in_fp32_on_cpu(tmp_path):
     inputs = Fixture(folder).load("inputs.npz")
     out = model(mx.array(inputs["input_ids"].astype(np.int32)), mx.array(inputs["attention_mask"].astype(bool)))
     assert out.dtype == mx.float32
-    reference = np.array(encoder_from_hf_folder(folder)(mx.array(inputs["input_ids"].astype(np.int32)),
-                                                       mx.array(inputs["attention_mask"].astype(bool))))
+    reference = np.array(
+        encoder_from_hf_folder(folder)(
+            mx.array(inputs["input_ids"].astype(np.int32)), mx.array(inputs["attention_mask"].astype(bool))
+        )
+    )
     assert psnr_db(reference, np.array(out)) > 65.0  # fp16 weights alone: ~70 dB here, not more loss
 
 

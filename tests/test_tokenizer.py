@@ -2,8 +2,8 @@ import shutil
 
 import numpy as np
 import pytest
-
 from conftest import ROOT
+
 from sa3mlx.models.config import ModelConfig, T5GemmaConfig
 from sa3mlx.models.prompt import PromptEncoder
 from sa3mlx.models.prompt_cache import CachedPrompt, PromptCache, PromptKey
@@ -69,8 +69,11 @@ def real_text_folders():
             yield folder
 
 
-@pytest.mark.parametrize("folder", list(real_text_folders()) or [pytest.param(None, marks=pytest.mark.skip(
-    reason="no real google/t5gemma-b-b-ul2 folder under models/"))])
+@pytest.mark.parametrize(
+    "folder",
+    list(real_text_folders())
+    or [pytest.param(None, marks=pytest.mark.skip(reason="no real google/t5gemma-b-b-ul2 folder under models/"))],
+)
 def test_real_tokenizer_adds_no_bos_or_eos(folder):
     tok = PromptTokenizer.from_folder(folder, 256, T5GemmaConfig.load(folder).pad_token_id)
     tokens = tok(["dark techno loop", ""])
@@ -83,6 +86,7 @@ def test_real_tokenizer_adds_no_bos_or_eos(folder):
 def test_sentencepiece_only_folder_needs_the_package(tmp_path):
     try:
         import sentencepiece  # noqa: F401
+
         pytest.skip("sentencepiece is installed")
     except ImportError:
         pass
@@ -97,6 +101,7 @@ def test_missing_tokenizer_files(tmp_path):
 
 
 # --- the prompt-embedding cache -------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tiny_encoder():

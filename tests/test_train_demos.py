@@ -11,17 +11,19 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import ROOT
+from test_train_loop_fake import TINY_PARAMS, make_tiny_project
+
 from sa3mlx.convert.model import convert_source
 from sa3mlx.train.demos import DemoSettings, TrainDemos
 from sa3mlx.train.job import DEMO_DEPS, TrainJob
 from sa3mlx.train.resume import fingerprint, resume_files
 from sa3mlx.train.runs import list_checkpoints
-from test_train_loop_fake import TINY_PARAMS, make_tiny_project
 
-ENTRIES = [{"prompt": "house drums", "seconds": 0.5, "seed": 1, "steps": 2, "cfg": 1},
-           {"prompt": "pad", "seconds": 0.5, "seed": 2, "steps": 2, "arc": True}]
+ENTRIES = [
+    {"prompt": "house drums", "seconds": 0.5, "seed": 1, "steps": 2, "cfg": 1},
+    {"prompt": "pad", "seconds": 0.5, "seed": 2, "steps": 2, "arc": True},
+]
 DEMOS = {"every": 3, "entries": ENTRIES, "tail_seconds": 0.5}
 
 
@@ -33,8 +35,9 @@ def project(tmp_path_factory):
 
 
 def _job(root, **params):
-    return TrainJob.from_params({**TINY_PARAMS, "checkpoint_every": 2, **params}, "tiny-base", root=root,
-                                arc="tiny-arc")
+    return TrainJob.from_params(
+        {**TINY_PARAMS, "checkpoint_every": 2, **params}, "tiny-base", root=root, arc="tiny-arc"
+    )
 
 
 def _run(root, **params) -> str:
@@ -62,7 +65,8 @@ def test_demos_every_k_steps_after_the_save_bit_exact_and_resumable(project):
     saved6 = lines.index("✓ Saved checkpoint -- with-demos-step=6-epoch=1.safetensors")
     assert saved6 < lines.index("demo 0 (base): demo_0_00000006.mp3, 1.0 s")  # after the save of its step
     assert lines.index("demo 0 (base): demo_0_00000000.mp3, 1.0 s") < lines.index(
-        "✓ Saved checkpoint -- with-demos-step=2-epoch=0.safetensors")  # step 0: before training
+        "✓ Saved checkpoint -- with-demos-step=2-epoch=0.safetensors"
+    )  # step 0: before training
 
     # resumed with other demo settings: no restart, nothing rendered twice, a torn demo filled in
     (demos / "demo_0_00000006.json").unlink()  # as if killed while rendering it
@@ -73,8 +77,9 @@ def test_demos_every_k_steps_after_the_save_bit_exact_and_resumable(project):
     assert kept == {p.name: p.stat().st_mtime_ns for p in demos.glob("*.mp3") if p.name in kept}
     assert _stems(demos, ".wav") == ["demo_0_00000006", "demo_0_00000009", "demo_1_00000009"]
     lines = again.splitlines()
-    assert lines.index("✓ Saved checkpoint -- with-demos-step=9-epoch=3.safetensors (final)") < \
-        lines.index("demo 1 (ARC): demo_1_00000009.mp3, 1.0 s")
+    assert lines.index("✓ Saved checkpoint -- with-demos-step=9-epoch=3.safetensors (final)") < lines.index(
+        "demo 1 (ARC): demo_1_00000009.mp3, 1.0 s"
+    )
 
     # the same 9 steps without demos and without the resume: the same bytes
     _run(project, name="no-demos", max_steps=9)
@@ -83,8 +88,9 @@ def test_demos_every_k_steps_after_the_save_bit_exact_and_resumable(project):
         a, b = _checkpoint(project, "with-demos", step), _checkpoint(project, "no-demos", step)
         assert a.read_bytes() == b.read_bytes(), step
         assert resume_files(a)[0].read_bytes() == resume_files(b)[0].read_bytes(), step
-    assert (project / "models" / "lora" / "with-demos.safetensors").read_bytes() == \
-        (project / "models" / "lora" / "no-demos.safetensors").read_bytes()
+    assert (project / "models" / "lora" / "with-demos.safetensors").read_bytes() == (
+        project / "models" / "lora" / "no-demos.safetensors"
+    ).read_bytes()
 
 
 def test_demos_and_their_inputs_stay_out_of_the_fingerprint(project, tmp_path):
@@ -126,8 +132,9 @@ def test_train_stage_declares_the_demo_params_and_code():
     assert {"train.demos", "model.arc"} <= set(stage["params"])
     assert set(DEMO_DEPS) <= set(stage["deps"])
     result = subprocess.run([sys.executable, "-c", IMPORTED], capture_output=True, text=True, check=True, cwd=ROOT)
-    training, everything = ([Path(f).relative_to(ROOT).as_posix() for f in files]
-                            for files in json.loads(result.stdout))
+    training, everything = (
+        [Path(f).relative_to(ROOT).as_posix() for f in files] for files in json.loads(result.stdout)
+    )
     assert [f for f in everything if not _covered(f, stage["deps"])] == []  # all code train runs is a dep
     assert [f for f in training if _covered(f, DEMO_DEPS)] == []  # no training code escapes the fingerprint
 

@@ -7,6 +7,18 @@ import signal
 
 import numpy as np
 import pytest
+from test_train_loop_fake import FakeSession, make_loader, write_latents
+from test_train_progress import (
+    GN_RE,
+    HISTORY_RE,
+    LM_RE,
+    LR_RE,
+    PBAR_SIG_RE,
+    STATUS_LOSS_RE,
+    STATUS_LR_RE,
+    STATUS_RE,
+    STEP_PREFIX_RE,
+)
 
 from sa3mlx.lora.validate import validate
 from sa3mlx.train import progress as P
@@ -15,9 +27,6 @@ from sa3mlx.train.loop import LoopSettings, TrainingLoop, preview_prompts
 from sa3mlx.train.metrics import TrainingMetrics, read_history
 from sa3mlx.train.resume import find_resume, resume_files
 from sa3mlx.train.runs import RunPaths, list_checkpoints
-from test_train_loop_fake import FakeSession, make_loader, write_latents
-from test_train_progress import (GN_RE, HISTORY_RE, LM_RE, LR_RE, PBAR_SIG_RE, STATUS_LOSS_RE, STATUS_LR_RE,
-                                 STATUS_RE, STEP_PREFIX_RE)
 
 NAME = "fake-run-20240101120000"  # a dashboard run id: the label drops the timestamp
 
@@ -28,8 +37,14 @@ def make_loop(tmp_path, session=None, out=None, metrics=None, session_id="aaaa00
         write_latents(latents)
     defaults = {"max_steps": 12, "checkpoint_every": 5, "seed": 3, "max_nonfinite": 3}
     run = RunPaths.create(tmp_path / "runs", NAME, session_id)
-    return TrainingLoop(session or FakeSession(), make_loader(latents), run,
-                        LoopSettings(**{**defaults, **settings}), metrics=metrics, out=out or io.StringIO())
+    return TrainingLoop(
+        session or FakeSession(),
+        make_loader(latents),
+        run,
+        LoopSettings(**{**defaults, **settings}),
+        metrics=metrics,
+        out=out or io.StringIO(),
+    )
 
 
 def parse_console(text):
@@ -48,8 +63,9 @@ def parse_console(text):
             assert m is not None or "train/" not in line, line
             continue
         assert STATUS_LOSS_RE.search(line) and STATUS_LR_RE.search(line) and GN_RE.search(line) and LM_RE.search(line)
-        steps.setdefault(int(STEP_PREFIX_RE.search(line).group(1)), (int(m.group(1)), int(m.group(3)),
-                                                                   LR_RE.search(line).group(1)))
+        steps.setdefault(
+            int(STEP_PREFIX_RE.search(line).group(1)), (int(m.group(1)), int(m.group(3)), LR_RE.search(line).group(1))
+        )
     return plain, steps
 
 
@@ -63,19 +79,27 @@ def test_console_output_parses_like_the_dashboard(tmp_path):
     assert steps[1][2] == f"{FakeSession().schedule.lr(1):.3e}"  # the lr the next step uses
     preview = preview_prompts(make_loader(tmp_path / "latents"))
     assert plain == [
-        "LoRA config: rank=2, alpha=2, adapter_type=dora-rows", *P.lora_config_lines(loop.session.lora_config)[1:],
-        "lora layers: 2", "Trainable LoRA params: 80", *P.prompt_preview_lines(preview),
+        "LoRA config: rank=2, alpha=2, adapter_type=dora-rows",
+        *P.lora_config_lines(loop.session.lora_config)[1:],
+        "lora layers: 2",
+        "Trainable LoRA params: 80",
+        *P.prompt_preview_lines(preview),
         "Training to global step 12 (12 new steps from step_offset=0); save every 5",
         "✓ Saved checkpoint -- fake-run-step=5-epoch=1.safetensors",
         "✓ Saved checkpoint -- fake-run-step=10-epoch=3.safetensors",
-        "✓ Saved checkpoint -- fake-run-step=12-epoch=4.safetensors (final)", "Training done"]
+        "✓ Saved checkpoint -- fake-run-step=12-epoch=4.safetensors (final)",
+        "Training done",
+    ]
     trained = [p for batch in make_loader(tmp_path / "latents").epoch() for p in batch.prompts]
     assert preview == trained  # the preview shows the prompts the first draws get
     records = P.read_loss_by_timestep(loop.run_paths.demos / P.LOSS_BY_TIMESTEP_FILE)
     assert [r[0] for r in records] == list(range(12))
     names = [p.name for p in list_checkpoints(loop.run_paths.root)]
-    assert names == ["fake-run-step=5-epoch=1.safetensors", "fake-run-step=10-epoch=3.safetensors",
-                     "fake-run-step=12-epoch=4.safetensors"]
+    assert names == [
+        "fake-run-step=5-epoch=1.safetensors",
+        "fake-run-step=10-epoch=3.safetensors",
+        "fake-run-step=12-epoch=4.safetensors",
+    ]
     for path in list_checkpoints(loop.run_paths.root):
         assert path.parent == tmp_path / "runs" / NAME / "aaaa0001" / "checkpoints"
         assert validate(path)["ok"]
@@ -130,8 +154,12 @@ def test_save_now_file_and_sigusr1_save_after_the_step(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_stop_signal_saves_and_stops_cleanly(tmp_path, sig):
-    loop = make_loop(tmp_path, session=FakeSession(on_step=lambda s: s.calls == 4 and os.kill(os.getpid(), sig)),
-                     max_steps=50, checkpoint_every=100)
+    loop = make_loop(
+        tmp_path,
+        session=FakeSession(on_step=lambda s: s.calls == 4 and os.kill(os.getpid(), sig)),
+        max_steps=50,
+        checkpoint_every=100,
+    )
     result = loop.run()
     assert (result.status, result.step, result.exit_code) == ("interrupted", 4, 128 + sig)
     assert result.checkpoint.name == "fake-run-step=4-epoch=1.safetensors"
@@ -175,8 +203,8 @@ def test_metrics_history_survives_a_resume(tmp_path):
     state = find_resume(first.run_paths.root, "")
     checkpoint_3 = [p for p in list_checkpoints(first.run_paths.root) if "step=3-" in p.name][0]
     from sa3mlx.train.resume import load_resume
-    resumed = make_loop(tmp_path, metrics=TrainingMetrics(folder, resume_step=3), max_steps=6,
-                        session_id="cccc0003")
+
+    resumed = make_loop(tmp_path, metrics=TrainingMetrics(folder, resume_step=3), max_steps=6, session_id="cccc0003")
     resumed.restore(load_resume(resume_files(checkpoint_3)[1]), checkpoint_3)
     assert state.state.step == 5
     resumed.run()

@@ -75,8 +75,14 @@ class FakeSession:
         magnitude = O.global_norm(self.net.trainable_parameters())
         if self.on_step:
             self.on_step(self)
-        return StepOutput(loss=loss.item(), grad_norm=norm.item(), lora_magnitude=magnitude.item(),
-                          t_mean=float(rng.uniform()), lr=lr, finite=finite)
+        return StepOutput(
+            loss=loss.item(),
+            grad_norm=norm.item(),
+            lora_magnitude=magnitude.item(),
+            t_mean=float(rng.uniform()),
+            lr=lr,
+            finite=finite,
+        )
 
     @property
     def next_lr(self):
@@ -86,8 +92,11 @@ class FakeSession:
         return {"hits": 0, "misses": 0, "hit_rate": 0.5}
 
     def state_dict(self):
-        return {"optimizer": O.optimizer_state_dict(self.optimizer), "schedule": self.schedule.state_dict(),
-                "k": self.k}
+        return {
+            "optimizer": O.optimizer_state_dict(self.optimizer),
+            "schedule": self.schedule.state_dict(),
+            "k": self.k,
+        }
 
     def load_state_dict(self, state):
         O.load_optimizer_state(self.optimizer, state["optimizer"], self.net.trainable_parameters())
@@ -95,8 +104,11 @@ class FakeSession:
         self.k = int(state["k"])
 
     def adapter_state(self):
-        return {lora_key(name, param): np.array(value) for name, layer in self.adapters.items()
-                for param, value in layer.lora_state().items()}
+        return {
+            lora_key(name, param): np.array(value)
+            for name, layer in self.adapters.items()
+            for param, value in layer.lora_state().items()
+        }
 
     def load_adapter_state(self, state):
         for name, layer in self.adapters.items():
@@ -109,8 +121,9 @@ def write_latents(root, count=5, seed=0):
     for i in range(count):
         length = int(rng.integers(4, 14))
         np.save(root / f"clip{i}.npy", rng.standard_normal((CHANNELS, length)).astype(np.float32))
-        (root / f"clip{i}.json").write_text(json.dumps(
-            {"seconds_total": length * 0.09, "padding_mask": [1] * length, "prompt": f"clip number {i}"}))
+        (root / f"clip{i}.json").write_text(
+            json.dumps({"seconds_total": length * 0.09, "padding_mask": [1] * length, "prompt": f"clip number {i}"})
+        )
     return root
 
 
@@ -122,8 +135,9 @@ def make_loader(root, batch_size=2, seed=7):
 def test_fake_session_learns(tmp_path):
     loader = make_loader(write_latents(tmp_path / "latents"))
     session = FakeSession(lr=5e-2, schedule="none")
-    losses = [session.step(
-        {"latents": b.latents}, np.random.default_rng(i)).loss for i, b in zip(range(30), _cycle(loader))]
+    losses = [
+        session.step({"latents": b.latents}, np.random.default_rng(i)).loss for i, b in zip(range(30), _cycle(loader))
+    ]
     assert losses[-1] < 0.5 * losses[0]
     assert all(np.isfinite(v).all() for _, v in tree_flatten(session.net.trainable_parameters()))
 
@@ -135,9 +149,18 @@ def _cycle(loader):
 
 # ---- a tiny real project (converted tiny-base + synthetic latents) for the real TrainingSession ----
 
-TINY_PARAMS = {"preset": "underfit-dashboard", "name": "tiny-lora", "max_steps": 8, "checkpoint_every": 4,
-               "keep_last": None, "lr": 1e-3, "batch_size": 2, "latent_crop_length": 16, "seed": 5,
-               "adapter": {"adapter_type": "dora-rows", "rank": 4}}
+TINY_PARAMS = {
+    "preset": "underfit-dashboard",
+    "name": "tiny-lora",
+    "max_steps": 8,
+    "checkpoint_every": 4,
+    "keep_last": None,
+    "lr": 1e-3,
+    "batch_size": 2,
+    "latent_crop_length": 16,
+    "seed": 5,
+    "adapter": {"adapter_type": "dora-rows", "rank": 4},
+}
 
 
 def reproducible_prompt_encoding():
@@ -154,6 +177,7 @@ def reproducible_prompt_encoding():
 def make_tiny_project(root):
     """models/converted/tiny-base (from the embedded tiny model) + data/latents (6 synthetic clips)."""
     from conftest import ROOT
+
     from sa3mlx.convert.model import convert_source
     from sa3mlx.models.config import ModelConfig
 
@@ -166,7 +190,14 @@ def make_tiny_project(root):
     for i, tag in enumerate(tags):
         length = int(rng.integers(12, 40))
         np.save(latents / f"clip{i}.npy", rng.standard_normal((channels, length)).astype(np.float32))
-        (latents / f"clip{i}.json").write_text(json.dumps(
-            {"seconds_total": round(length * 4096 / 44100, 3), "padding_mask": [1] * length,
-             "prompt": tag, "genre": "test"}))
+        (latents / f"clip{i}.json").write_text(
+            json.dumps(
+                {
+                    "seconds_total": round(length * 4096 / 44100, 3),
+                    "padding_mask": [1] * length,
+                    "prompt": tag,
+                    "genre": "test",
+                }
+            )
+        )
     return root

@@ -4,9 +4,20 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from sa3mlx.train.objective import (COUNT_EPS, ObjectiveConfig, context_loss, draw_cfg_dropout, drop_cross_attention,
-                                    local_add_cond, loss_masks, masked_loss, normalized_mse, objective_loss,
-                                    random_inpaint_masks, rectified_flow)
+from sa3mlx.train.objective import (
+    COUNT_EPS,
+    ObjectiveConfig,
+    context_loss,
+    draw_cfg_dropout,
+    drop_cross_attention,
+    local_add_cond,
+    loss_masks,
+    masked_loss,
+    normalized_mse,
+    objective_loss,
+    random_inpaint_masks,
+    rectified_flow,
+)
 from sa3mlx.train.presets import resolve
 
 
@@ -49,8 +60,12 @@ def test_loss_and_context_masks():
 
 
 def test_masked_loss_per_sample_then_batch():
-    mse = arr([[[1.0, 2.0, 3.0], [3.0, 4.0, 5.0]],  # sample 0, C = 2
-               [[10.0, 0.0, 0.0], [20.0, 0.0, 0.0]]])
+    mse = arr(
+        [
+            [[1.0, 2.0, 3.0], [3.0, 4.0, 5.0]],  # sample 0, C = 2
+            [[10.0, 0.0, 0.0], [20.0, 0.0, 0.0]],
+        ]
+    )
     mask = arr([[True, True, False], [True, False, False]], mx.bool_)
     loss, per = masked_loss(mse, mask, signal_only=True)
     # sample 0: (1+2+3+4)/4 = 2.5; sample 1: (10+20)/2 = 15; batch mean 8.75

@@ -10,9 +10,15 @@ from sa3mlx.train import optim as O
 
 def _params(seed=0):
     rng = np.random.default_rng(seed)
-    return {"blocks": [{"A": mx.array(rng.standard_normal((4, 3)).astype(np.float32)),
-                        "magnitude": mx.array(rng.standard_normal(3).astype(np.float32) + 2)}],
-            "embed.lora_B": mx.array(rng.standard_normal((2, 5)).astype(np.float32))}
+    return {
+        "blocks": [
+            {
+                "A": mx.array(rng.standard_normal((4, 3)).astype(np.float32)),
+                "magnitude": mx.array(rng.standard_normal(3).astype(np.float32) + 2),
+            }
+        ],
+        "embed.lora_B": mx.array(rng.standard_normal((2, 5)).astype(np.float32)),
+    }
 
 
 def _grads(step, params):
@@ -43,8 +49,9 @@ def test_adamw_is_torch_adamw():
     for g, lr in zip(grads, lrs):
         opt.learning_rate = lr
         params = opt.apply_gradients({"w": mx.array(g)}, params)
-    want = _torch_adamw(p0.astype(np.float64), [g.astype(np.float64) for g in grads], lrs,
-                        cfg.betas, cfg.eps, cfg.weight_decay)
+    want = _torch_adamw(
+        p0.astype(np.float64), [g.astype(np.float64) for g in grads], lrs, cfg.betas, cfg.eps, cfg.weight_decay
+    )
     np.testing.assert_allclose(np.array(params["w"]), want, rtol=2e-5, atol=1e-7)
 
 
@@ -86,7 +93,7 @@ def test_load_optimizer_state_rejects_other_parameters():
 def test_inverse_lr_matches_the_dashboard_template():
     sched = O.make_schedule("inverse", 1e-4, {"inv_gamma": 1e6, "power": 0.5, "warmup": 0.995, "final_lr": 0})
     assert sched.lr(0) == pytest.approx(0.005e-4, rel=1e-9)
-    assert sched.lr(199) / 1e-4 == pytest.approx(1 - 0.995 ** 200, rel=1e-3)
+    assert sched.lr(199) / 1e-4 == pytest.approx(1 - 0.995**200, rel=1e-3)
     assert 0.62 < sched.lr(199) / 1e-4 < 0.64 and sched.lr(918) / 1e-4 > 0.98
     assert O.InverseLR(1.0, inv_gamma=1, power=1, final_lr=0.3).lr(9) == pytest.approx(0.3)
     assert O.make_schedule("none", 2e-4).lr(12345) == 2e-4
@@ -109,8 +116,8 @@ def test_wsd_plan_is_frozen_once_and_resumes():
     lrs = np.array([sched.lr(k) for k in range(n)])
     assert lrs[0] == pytest.approx(1e-3 / plan.warmup_steps)
     assert np.all(np.diff(lrs[: plan.warmup_steps]) > 0)
-    assert np.all(lrs[plan.warmup_steps: n - plan.decay_steps] == 1e-3)
-    assert lrs[-1] == pytest.approx(1e-4) and np.all(np.diff(lrs[n - plan.decay_steps:]) < 0)
+    assert np.all(lrs[plan.warmup_steps : n - plan.decay_steps] == 1e-3)
+    assert lrs[-1] == pytest.approx(1e-4) and np.all(np.diff(lrs[n - plan.decay_steps :]) < 0)
     assert not sched.finished(n - 1) and sched.finished(n)
 
     other = O.make_schedule("wsd", 1e-3, {"max_minutes": 10})

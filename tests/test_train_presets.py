@@ -39,9 +39,16 @@ def test_official_preset():
 
 
 def test_every_field_is_overridable_and_nested_configs_merge():
-    cfg = P.resolve("sa3-official", {"adapter": {"rank": 8, "exclude": ["seconds_total"]}, "batch_size": 2,
-                                     "prompts": {"trigger": "zxq", "trigger_pct": 50},
-                                     "betas": [0.8, 0.9], "inpaint_mask_probabilities": [0, 1, 0]})
+    cfg = P.resolve(
+        "sa3-official",
+        {
+            "adapter": {"rank": 8, "exclude": ["seconds_total"]},
+            "batch_size": 2,
+            "prompts": {"trigger": "zxq", "trigger_pct": 50},
+            "betas": [0.8, 0.9],
+            "inpaint_mask_probabilities": [0, 1, 0],
+        },
+    )
     assert cfg.adapter == LoRAConfig(rank=8, exclude=("seconds_total",))
     assert cfg.prompts == PromptTemplate(trigger="zxq", trigger_probability=0.5)
     assert cfg.betas == (0.8, 0.9) and cfg.batch_size == 2 and cfg.inpaint_mask_probabilities == (0.0, 1.0, 0.0)
@@ -51,18 +58,21 @@ def test_every_field_is_overridable_and_nested_configs_merge():
     assert P.resolve(None, {"adapter": {"rank": 4}}).adapter.exclude == DEFAULT_EXCLUDE
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"learning_rate": 1e-4}, "unknown train setting"),
-    ({"timestep_sampler": "cosine"}, "unknown timestep sampler"),
-    ({"lr_schedule": "cosine"}, "unknown lr_schedule"),
-    ({"lr_schedule": "wsd", "lr_schedule_options": {}}, "needs max_minutes"),
-    ({"lr_schedule_options": {"gamma": 2}}, "bad options"),
-    ({"loss_normalization": "batch"}, "loss_normalization"),
-    ({"inpaint_mask_probabilities": [0.5, 0.5]}, "inpaint_mask_probabilities"),
-    ({"batch_size": 0}, "batch_size"),
-    ({"adapter": {"rank": 0}}, "rank"),
-    ({"prompts": {"triger": "x"}}, "unknown prompt template"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"learning_rate": 1e-4}, "unknown train setting"),
+        ({"timestep_sampler": "cosine"}, "unknown timestep sampler"),
+        ({"lr_schedule": "cosine"}, "unknown lr_schedule"),
+        ({"lr_schedule": "wsd", "lr_schedule_options": {}}, "needs max_minutes"),
+        ({"lr_schedule_options": {"gamma": 2}}, "bad options"),
+        ({"loss_normalization": "batch"}, "loss_normalization"),
+        ({"inpaint_mask_probabilities": [0.5, 0.5]}, "inpaint_mask_probabilities"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"adapter": {"rank": 0}}, "rank"),
+        ({"prompts": {"triger": "x"}}, "unknown prompt template"),
+    ],
+)
 def test_bad_settings_are_clear_errors(overrides, message):
     with pytest.raises(ValueError, match=message):
         P.resolve(None, overrides)

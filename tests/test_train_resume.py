@@ -10,15 +10,26 @@ import time
 
 import numpy as np
 import pytest
+from test_train_loop import make_loop
+from test_train_loop_fake import TINY_PARAMS, FakeSession, make_tiny_project, reproducible_prompt_encoding
 
 from sa3mlx.lora.checkpoint import save_lora
 from sa3mlx.train.job import TrainJob
 from sa3mlx.train.metrics import read_history
-from sa3mlx.train.resume import (ResumeError, ResumeState, bare_offsets, find_resume, join_arrays, load_resume,
-                                 prepare_run, resume_files, save_resume, split_arrays, tree_digest)
+from sa3mlx.train.resume import (
+    ResumeError,
+    ResumeState,
+    bare_offsets,
+    find_resume,
+    join_arrays,
+    load_resume,
+    prepare_run,
+    resume_files,
+    save_resume,
+    split_arrays,
+    tree_digest,
+)
 from sa3mlx.train.runs import list_checkpoints
-from test_train_loop import make_loop
-from test_train_loop_fake import TINY_PARAMS, FakeSession, make_tiny_project, reproducible_prompt_encoding
 
 
 @pytest.fixture(scope="module")
@@ -44,13 +55,23 @@ def _final_files(job):
 
 # ---- the state files --------------------------------------------------------------------------
 
+
 def test_state_files_roundtrip_and_stay_out_of_checkpoint_discovery(tmp_path):
     checkpoint = tmp_path / "s" / "checkpoints" / "run-step=7-epoch=1.safetensors"
-    session = {"optimizer": {"step": np.array(7, np.uint64), "a.m": np.ones((2, 3), np.float32)},
-               "schedule": {"type": "wsd", "plan": {"total_steps": 9}, "elapsed_seconds": 0.1 + 0.2},
-               "counters": [1, np.float32(2.5)]}
-    state = ResumeState(step=7, epoch=1, fingerprint="f", sampler={"epoch": 1, "position": 2}, session=session,
-                        adapter={"x.lora_A": np.arange(6, dtype=np.float32).reshape(2, 3)}, loop={"epoch_offset": 0})
+    session = {
+        "optimizer": {"step": np.array(7, np.uint64), "a.m": np.ones((2, 3), np.float32)},
+        "schedule": {"type": "wsd", "plan": {"total_steps": 9}, "elapsed_seconds": 0.1 + 0.2},
+        "counters": [1, np.float32(2.5)],
+    }
+    state = ResumeState(
+        step=7,
+        epoch=1,
+        fingerprint="f",
+        sampler={"epoch": 1, "position": 2},
+        session=session,
+        adapter={"x.lora_A": np.arange(6, dtype=np.float32).reshape(2, 3)},
+        loop={"epoch_offset": 0},
+    )
     checkpoint.parent.mkdir(parents=True)
     checkpoint.write_bytes(b"adapter")
     json_path = save_resume(checkpoint, state)
@@ -128,14 +149,20 @@ def test_wsd_budget_is_frozen_once_and_counts_across_a_resume(tmp_path):
     plan = state.session["schedule"]["plan"]
     assert plan["total_steps"] > 100 and state.session["schedule"]["elapsed_seconds"] > 0
     assert "WSD: 1 min budget (0.0 used)" in loop.out.getvalue()
-    resumed = make_loop(tmp_path, session=FakeSession(schedule="wsd", max_minutes=1.0), max_steps=1000,
-                        max_minutes=1.0, session_id="dddd0004")
+    resumed = make_loop(
+        tmp_path,
+        session=FakeSession(schedule="wsd", max_minutes=1.0),
+        max_steps=1000,
+        max_minutes=1.0,
+        session_id="dddd0004",
+    )
     resumed.restore(state)
     assert resumed.session.schedule.plan.total_steps == plan["total_steps"]  # not re-planned
     assert resumed.target_step() == min(1000, plan["total_steps"])
 
 
 # ---- bit-exact continuation with the real session ---------------------------------------------
+
 
 def test_real_session_resume_in_process_is_bit_exact(tiny_project, tmp_path):
     straight = _job(tiny_project, tmp_path / "straight")
@@ -165,8 +192,11 @@ sys.exit(TrainJob.from_params(json.loads(sys.argv[1]), "tiny-base", root=sys.arg
 def test_real_session_resume_after_kill_9_is_bit_exact(tiny_project, tmp_path):
     killed = _job(tiny_project, tmp_path / "killed")
     params = {**TINY_PARAMS, "max_steps": 10_000}
-    child = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(params), str(killed.root)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, json.dumps(params), str(killed.root)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 60
     try:
         while len(list(killed.root.glob("runs/*/*/checkpoints/resume-*.json"))) < 2:

@@ -6,15 +6,15 @@ import io
 
 import pytest
 import yaml
+from dvc_project import make_project, run
+from test_train_loop import parse_console
+from test_train_loop_fake import TINY_PARAMS, make_tiny_project, reproducible_prompt_encoding
 
 from sa3mlx.lora.checkpoint import read_lora
 from sa3mlx.lora.validate import validate
 from sa3mlx.train import progress as P
 from sa3mlx.train.job import TrainJob
 from sa3mlx.train.runs import list_checkpoints
-from dvc_project import make_project, run
-from test_train_loop import parse_console
-from test_train_loop_fake import TINY_PARAMS, make_tiny_project, reproducible_prompt_encoding
 
 
 @pytest.fixture(scope="module")
@@ -36,16 +36,22 @@ def test_real_run_stdout_reads_like_underfit_for_the_dashboard(tiny_project):
     assert all(total == 3 and epoch == (step - 1) // 3 for step, (epoch, total, _) in steps.items())
     final = read_lora(tiny_project / "models" / "lora" / "console.safetensors")
     trainable = sum(v.size for tensors in final.layers.values() for v in tensors.values())
-    assert plain[1:5] == ["LoRA config: rank=4, alpha=4, adapter_type=dora-rows", plain[2],
-                          f"lora layers: {len(final.layers)}", f"Trainable LoRA params: {trainable:,}"]
+    assert plain[1:5] == [
+        "LoRA config: rank=4, alpha=4, adapter_type=dora-rows",
+        plain[2],
+        f"lora layers: {len(final.layers)}",
+        f"Trainable LoRA params: {trainable:,}",
+    ]
     assert plain[2].startswith("  exclude: ['to_timestep_embed'")
     preview = plain.index("Prompt preview (6 samples):")
-    assert plain[preview + 7:] == [
+    assert plain[preview + 7 :] == [
         "Training to global step 8 (8 new steps from step_offset=0); save every 3",
         "✓ Saved checkpoint -- console-step=3-epoch=0.safetensors",
         "✓ Saved checkpoint -- console-step=6-epoch=1.safetensors",
-        "✓ Saved checkpoint -- console-step=8-epoch=3.safetensors (final)", P.TRAINING_DONE,
-        f"train: final adapter {tiny_project}/models/lora/console.safetensors (= console-step=8-epoch=3.safetensors)"]
+        "✓ Saved checkpoint -- console-step=8-epoch=3.safetensors (final)",
+        P.TRAINING_DONE,
+        f"train: final adapter {tiny_project}/models/lora/console.safetensors (= console-step=8-epoch=3.safetensors)",
+    ]
     records = P.read_loss_by_timestep(tiny_project / "runs" / "console" / "demos" / P.LOSS_BY_TIMESTEP_FILE)
     assert [r[0] for r in records] == list(range(8)) and all(0 < r[1] < 1 for r in records)
     report = validate(tiny_project / "models" / "lora" / "console.safetensors")
@@ -67,18 +73,22 @@ def test_longer_run_resumes_other_settings_start_over(tiny_project):
     assert "resume: continuing from rule-step=4-epoch=1.safetensors (step 4;" in out.getvalue()
     out = io.StringIO()
     _job(tiny_project, name="rule", max_steps=6, lr=5e-4).run(out)
-    assert "resume: starting over: the inputs or settings changed since the run's last checkpoint " \
-           "(config.train.lr); removed the stale run's 2 checkpoints" in out.getvalue()
-    (tiny_project / "data" / "latents" / "clip0.json").write_text((tiny_project / "data" / "latents" / "clip0.json")
-                                                                   .read_text().replace("house", "garage"))
+    assert (
+        "resume: starting over: the inputs or settings changed since the run's last checkpoint "
+        "(config.train.lr); removed the stale run's 2 checkpoints" in out.getvalue()
+    )
+    (tiny_project / "data" / "latents" / "clip0.json").write_text(
+        (tiny_project / "data" / "latents" / "clip0.json").read_text().replace("house", "garage")
+    )
     out = io.StringIO()
     _job(tiny_project, name="rule", max_steps=7, lr=5e-4).run(out)
     assert "(inputs.data/latents)" in out.getvalue()
 
 
 def test_every_param_read_must_be_declared(tmp_path):
-    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(
-        {"stages": {"train": {"cmd": "x", "params": ["model.base", "train.lr", "train.name"]}}}))
+    (tmp_path / "dvc.yaml").write_text(
+        yaml.safe_dump({"stages": {"train": {"cmd": "x", "params": ["model.base", "train.lr", "train.name"]}}})
+    )
     with pytest.raises(ValueError, match=r"sets \['train.batch_size'\] but the train stage does not declare"):
         TrainJob.from_params({"lr": 1e-4, "name": "x", "batch_size": 2}, "tiny-base", root=tmp_path)
     with pytest.raises(ValueError, match="train.name '../x' must be"):
@@ -96,8 +106,9 @@ def test_dvc_repro_train_on_the_embedded_default(tmp_path):
     assert (project / "dvclive" / "train" / "metrics.json").is_file()
     assert "didn't change" in run(["dvc", "repro", "train"], project)
     text = (project / "params.yaml").read_text()
-    (project / "params.yaml").write_text(text.replace(f"max_steps: {params['max_steps']} ",
-                                                      f"max_steps: {params['max_steps'] + 4} "))
+    (project / "params.yaml").write_text(
+        text.replace(f"max_steps: {params['max_steps']} ", f"max_steps: {params['max_steps'] + 4} ")
+    )
     again = run(["dvc", "repro", "train"], project)
     assert f"resume: continuing from {params['name']}-step={params['max_steps']}-" in again
     assert validate(final)["config"]["step"] == params["max_steps"] + 4

@@ -5,8 +5,8 @@ non-finite guard, gradient accumulation, the V-zeroing padding mask of the DiT).
 import mlx.core as mx
 import numpy as np
 import pytest
-
 from conftest import FIXTURES, ROOT
+
 from sa3mlx.convert.model import convert_source
 from sa3mlx.parity.registry import THRESHOLDS_DB
 from sa3mlx.parity.run import check
@@ -40,9 +40,13 @@ def tiny_model(tmp_path_factory):
 def make_batch(seed: int = 0, size: int = 2, length: int = 16) -> dict:
     rng = np.random.default_rng(seed)
     padding = np.ones((size, length), bool)
-    padding[-1, length * 3 // 4:] = False
-    return {"latents": rng.standard_normal((size, 16, length)).astype(np.float32), "padding_mask": padding,
-            "seconds_total": np.linspace(20.0, 200.0, size), "prompts": [f"prompt {i}" for i in range(size)]}
+    padding[-1, length * 3 // 4 :] = False
+    return {
+        "latents": rng.standard_normal((size, 16, length)).astype(np.float32),
+        "padding_mask": padding,
+        "seconds_total": np.linspace(20.0, 200.0, size),
+        "prompts": [f"prompt {i}" for i in range(size)],
+    }
 
 
 def session(folder, preset="underfit-dashboard", compile=False, **overrides) -> TrainingSession:
@@ -118,7 +122,7 @@ def test_gradient_accumulation_equals_the_whole_batch(tiny_model):
     # a large Adam eps keeps the first update linear in the gradient (else ±lr wherever g ≈ 0)
     whole, split = session(tiny_model, eps=10.0), session(tiny_model, eps=10.0, grad_accum=2)
     prepared = whole.prepare(make_batch(), np.random.default_rng(0))
-    halves = [{k: v[i:i + 1] for k, v in prepared.arrays.items()} for i in range(2)]
+    halves = [{k: v[i : i + 1] for k, v in prepared.arrays.items()} for i in range(2)]
     whole.optimizer.learning_rate = split.optimizer.learning_rate = 1e-3
     loss_a, norm_a, _, _ = whole.core.run([prepared.arrays])
     loss_b, norm_b, _, _ = split.core.run(halves)

@@ -2,18 +2,16 @@
 
 import numpy as np
 import pytest
+from conftest import FIXTURES
 
 from sa3mlx.parity.compare import compare
 from sa3mlx.parity.fixture import Fixture
 from sa3mlx.sample.shifts import make_shift
 from sa3mlx.train import timesteps as ts
 
-from conftest import FIXTURES
-
 FILE = "expected.npz"
 PSNR_FLOOR = 75.0
-SHIFT_GROUPS = [f"{name}_{path}" for name in ("full", "flux", "logsnr")
-                for path in ("scalar", "tensor", "per_element")]
+SHIFT_GROUPS = [f"{name}_{path}" for name in ("full", "flux", "logsnr") for path in ("scalar", "tensor", "per_element")]
 SAMPLER_GROUPS = {  # group -> (sampler, the params.json keys that are its options)
     "trunc_logit_normal_t": ("trunc_logit_normal", ("left_trunc", "right_trunc")),
     "logit_normal_t": ("logit_normal", ()),
@@ -54,8 +52,7 @@ def test_training_shifts_match_fixture(fx, group):
 def test_trunc_logit_normal_raw_matches_fixture(fx):
     params = fx.params(FILE, "trunc_logit_normal_raw")
     z = fx.load(fx.inputs(FILE, "trunc_logit_normal_raw")["z"])
-    _check(fx, "trunc_logit_normal_raw",
-           ts.trunc_logit_normal_raw(z, params["left_trunc"], params["right_trunc"]))
+    _check(fx, "trunc_logit_normal_raw", ts.trunc_logit_normal_raw(z, params["left_trunc"], params["right_trunc"]))
 
 
 @pytest.mark.parametrize("group", sorted(SAMPLER_GROUPS))
@@ -79,8 +76,7 @@ def test_effective_seq_len_matches_fixture(fx):
 def test_logsnr_cond_matches_fixture(fx):
     params = fx.params(FILE, "logsnr_cond")
     t = fx.load(fx.inputs(FILE, "logsnr_cond")["t"])
-    _check(fx, "logsnr_cond", ts.t_to_logsnr_cond(t, params["logsnr_min"], params["logsnr_max"],
-                                                  params["t_clamp_eps"]))
+    _check(fx, "logsnr_cond", ts.t_to_logsnr_cond(t, params["logsnr_min"], params["logsnr_max"], params["t_clamp_eps"]))
 
 
 def test_sample_timesteps_is_seeded_and_in_range():

@@ -5,7 +5,6 @@ Used by tools/make_demo_audio.py, which writes them in their formats with their 
 
 import numpy as np
 
-
 # ---------------------------------------------------------------- synthesis
 
 
@@ -304,8 +303,19 @@ def clip_dub_chords(rate, rng):
 def clip_lofi_melody(rate, rng):
     bpm = 80
     beat = seconds_per_beat(bpm)
-    phrase = [(0, 1.5, 64), (1.5, 0.5, 67), (2, 1, 69), (3, 1, 67), (4, 2, 64), (6, 1, 62), (7, 1, 60),
-              (8, 1.5, 62), (9.5, 0.5, 64), (10, 2, 67), (12, 3, 60)]
+    phrase = [
+        (0, 1.5, 64),
+        (1.5, 0.5, 67),
+        (2, 1, 69),
+        (3, 1, 67),
+        (4, 2, 64),
+        (6, 1, 62),
+        (7, 1, 60),
+        (8, 1.5, 62),
+        (9.5, 0.5, 64),
+        (10, 2, 67),
+        (12, 3, 60),
+    ]
     notes = [(b * beat + 0.03 * (b % 1 > 0), d * beat, n, 0.6 + 0.2 * rng.random()) for b, d, n in phrase]
     out = empty(16 * beat, rate, 1)
     play(out, piano, notes, rate, rng)

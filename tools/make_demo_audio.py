@@ -23,12 +23,19 @@ from pathlib import Path
 import lameenc
 import numpy as np
 import soundfile as sf
+from demo_synth import (
+    clip_ambient,
+    clip_arp_lead,
+    clip_bass_line,
+    clip_dub_chords,
+    clip_funk_groove,
+    clip_house_drums,
+    clip_lofi_melody,
+    clip_piano_chords,
+)
 from mutagen.flac import FLAC
 from mutagen.id3 import ID3, TALB, TBPM, TCOM, TCON, TDRC, TIT2, TPE1, TPUB
 from mutagen.oggvorbis import OggVorbis
-
-from demo_synth import (clip_ambient, clip_arp_lead, clip_bass_line, clip_dub_chords, clip_funk_groove,
-                        clip_house_drums, clip_lofi_melody, clip_piano_chords)
 
 REPO = Path(__file__).resolve().parent.parent
 VOCAB_FILE = Path(__file__).resolve().parent / "demo_vocab.txt"
@@ -48,7 +55,7 @@ def to_int16(x):
 
 def to_int24_in_int32(x):
     # libsndfile keeps the top 24 bits when it writes int32 data as PCM_24
-    return (np.clip(np.round(x * 8388607.0), -8388608, 8388607).astype(np.int32) << 8)
+    return np.clip(np.round(x * 8388607.0), -8388608, 8388607).astype(np.int32) << 8
 
 
 def write_pcm(path, x, rate, fmt, subtype):
@@ -92,8 +99,16 @@ def write_mp3(path, x, rate, tags):
     mp3 = encoder.encode(to_int16(x).tobytes()) + encoder.flush()
     path.write_bytes(bytes(mp3))
     id3 = ID3()
-    for frame, key in ((TIT2, "title"), (TPE1, "artist"), (TALB, "album"), (TCON, "genre"),
-                       (TDRC, "date"), (TBPM, "bpm"), (TCOM, "composer"), (TPUB, "label")):
+    for frame, key in (
+        (TIT2, "title"),
+        (TPE1, "artist"),
+        (TALB, "album"),
+        (TCON, "genre"),
+        (TDRC, "date"),
+        (TBPM, "bpm"),
+        (TCOM, "composer"),
+        (TPUB, "label"),
+    ):
         if key in tags:
             id3.add(frame(encoding=3, text=[str(tags[key])]))
     id3.save(path)
@@ -148,25 +163,108 @@ COMMON = {"artist": "deep keys", "album": "synthetic music", "date": "2024", "co
 
 # path, synth, rate, format, subtype, peak dBFS, embedded tags, sidecars {path: text or json}, lossless copy
 CLIPS = [
-    ("loops/four_on_the_floor.wav", clip_house_drums, 44100, "WAV", "PCM_16", -1.0, None,
-     {"loops/four_on_the_floor.txt": "house drums loop with four on the floor kick and hihat at 124 bpm"}, None),
-    ("bass_line.wav", clip_bass_line, 22050, "WAV", "PCM_16", -2.0, None,
-     {"bass_line.json": {"prompt": "deep dark bassline in a minor", "genre": "techno", "bpm": 110, "key": "a minor"}},
-     "exports/bass_line_copy.flac"),  # the exact duplicate, and the one file with no tags
-    ("chords/warm_piano_chords.flac", clip_piano_chords, 48000, "FLAC", "PCM_24", -1.5,
-     dict(COMMON, title="warm piano chords", genre="jazz", bpm="90"), {}, None),
-    ("ambient_sweep.ogg", clip_ambient, 44100, "OGG", "VORBIS", -3.0,
-     dict(COMMON, title="dreamy ambient pad with noise sweep", genre="ambient", bpm="60"), {}, None),
-    ("funk_groove.mp3", clip_funk_groove, 44100, "MP3", "MPEG_LAYER_III", -3.0,
-     dict(COMMON, title="groovy funk house", genre="funk", bpm="118"), {}, None),
-    ("set2/audio/arp_lead.wav", clip_arp_lead, 48000, "WAV", "FLOAT", -2.5, None,
-     {"set2/json/arp_lead.json": {"prompt": "bright synth arpeggio lead in a minor", "genre": "electronic",
-                                  "bpm": "128", "tags": ["arp", "pluck", "lead"]}}, None),
-    ("set2/audio/dub_chords.wav", clip_dub_chords, 48000, "WAV", "PCM_24", -1.0, None,
-     {"set2/txt/dub_chords.txt": "minimal dub techno chord loop in d minor at 120 bpm"}, None),
-    ("melody/lofi_keys.ogg", clip_lofi_melody, 22050, "OGG", "VORBIS", -2.0, None,
-     {"melody/lofi_keys.json": {"prompt": "mellow lofi piano melody", "genre": "lofi", "bpm": "80", "mood": "calm"}},
-     None),
+    (
+        "loops/four_on_the_floor.wav",
+        clip_house_drums,
+        44100,
+        "WAV",
+        "PCM_16",
+        -1.0,
+        None,
+        {"loops/four_on_the_floor.txt": "house drums loop with four on the floor kick and hihat at 124 bpm"},
+        None,
+    ),
+    (
+        "bass_line.wav",
+        clip_bass_line,
+        22050,
+        "WAV",
+        "PCM_16",
+        -2.0,
+        None,
+        {
+            "bass_line.json": {
+                "prompt": "deep dark bassline in a minor",
+                "genre": "techno",
+                "bpm": 110,
+                "key": "a minor",
+            }
+        },
+        "exports/bass_line_copy.flac",
+    ),  # the exact duplicate, and the one file with no tags
+    (
+        "chords/warm_piano_chords.flac",
+        clip_piano_chords,
+        48000,
+        "FLAC",
+        "PCM_24",
+        -1.5,
+        dict(COMMON, title="warm piano chords", genre="jazz", bpm="90"),
+        {},
+        None,
+    ),
+    (
+        "ambient_sweep.ogg",
+        clip_ambient,
+        44100,
+        "OGG",
+        "VORBIS",
+        -3.0,
+        dict(COMMON, title="dreamy ambient pad with noise sweep", genre="ambient", bpm="60"),
+        {},
+        None,
+    ),
+    (
+        "funk_groove.mp3",
+        clip_funk_groove,
+        44100,
+        "MP3",
+        "MPEG_LAYER_III",
+        -3.0,
+        dict(COMMON, title="groovy funk house", genre="funk", bpm="118"),
+        {},
+        None,
+    ),
+    (
+        "set2/audio/arp_lead.wav",
+        clip_arp_lead,
+        48000,
+        "WAV",
+        "FLOAT",
+        -2.5,
+        None,
+        {
+            "set2/json/arp_lead.json": {
+                "prompt": "bright synth arpeggio lead in a minor",
+                "genre": "electronic",
+                "bpm": "128",
+                "tags": ["arp", "pluck", "lead"],
+            }
+        },
+        None,
+    ),
+    (
+        "set2/audio/dub_chords.wav",
+        clip_dub_chords,
+        48000,
+        "WAV",
+        "PCM_24",
+        -1.0,
+        None,
+        {"set2/txt/dub_chords.txt": "minimal dub techno chord loop in d minor at 120 bpm"},
+        None,
+    ),
+    (
+        "melody/lofi_keys.ogg",
+        clip_lofi_melody,
+        22050,
+        "OGG",
+        "VORBIS",
+        -2.0,
+        None,
+        {"melody/lofi_keys.json": {"prompt": "mellow lofi piano melody", "genre": "lofi", "bpm": "80", "mood": "calm"}},
+        None,
+    ),
 ]
 
 
@@ -250,8 +348,17 @@ def summary(out, paths):
             rows.append((name, "sidecar", "", "", "", "", str(size)))
             continue
         info = sf.info(path)
-        rows.append((name, info.format, info.subtype, str(info.samplerate), str(info.channels),
-                     f"{info.frames / info.samplerate:.2f}", str(size)))
+        rows.append(
+            (
+                name,
+                info.format,
+                info.subtype,
+                str(info.samplerate),
+                str(info.channels),
+                f"{info.frames / info.samplerate:.2f}",
+                str(size),
+            )
+        )
     rows.append(("total", "", "", "", "", "", str(total)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:

@@ -24,8 +24,6 @@ file byte for byte. Keys and shapes come from the converter's tables in
 
 from __future__ import annotations
 
-import sa3mlx  # noqa: F401  (first: sets up BLAS before anything imports mlx)
-
 import argparse
 import json
 import math
@@ -35,6 +33,7 @@ import numpy as np
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
 
+import sa3mlx  # noqa: F401  (first: sets up BLAS before anything imports mlx)
 from sa3mlx.convert.dit import BUFFER_SUFFIX, DIT_PREFIX, torch_cond_shapes, torch_dit_shapes
 from sa3mlx.convert.same import torch_same_shapes
 from sa3mlx.convert.t5gemma import ENCODER_PREFIX, t5gemma_shapes
@@ -69,8 +68,11 @@ TIMESTEP_FEATURES = 256  # Fourier features of the DiT timestep embedder
 
 def same_config(kind: str, mask_noise: float) -> dict:
     """Config of the SAME encoder/decoder (SAME-S layout, tiny widths)."""
-    io = {"in_channels": 512} if kind == "encoder" else {
-        "out_channels": 512, "sinusoidal_blocks": [0], "conv_mapping": True}
+    io = (
+        {"in_channels": 512}
+        if kind == "encoder"
+        else {"out_channels": 512, "sinusoidal_blocks": [0], "conv_mapping": True}
+    )
     return {
         "type": "same",
         "config": {
@@ -290,9 +292,9 @@ def build_tokenizer(vocab: dict[str, int]) -> Tokenizer:
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)])
-    tok.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+        [pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)]
+    )
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     return tok
 
 
@@ -400,8 +402,9 @@ def write_t5_folder(folder: Path, tok: Tokenizer, cfg: dict, weights: dict) -> N
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
-def write_variant(folder: Path, repo_id: str, objective: str, rng: np.random.Generator,
-                  t5: tuple[Tokenizer, dict, dict]) -> dict[str, np.ndarray]:
+def write_variant(
+    folder: Path, repo_id: str, objective: str, rng: np.random.Generator, t5: tuple[Tokenizer, dict, dict]
+) -> dict[str, np.ndarray]:
     folder.mkdir(parents=True, exist_ok=True)
     cfg = model_config(repo_id, objective)
     write_json(folder / "model_config.json", cfg)
@@ -417,15 +420,18 @@ def folder_bytes(folder: Path) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out-dir", type=Path, default=REPO_ROOT / "models",
-                    help="parent folder of tiny-base/ and tiny-arc/ (default: <repo>/models)")
+    ap.add_argument(
+        "--out-dir",
+        type=Path,
+        default=REPO_ROOT / "models",
+        help="parent folder of tiny-base/ and tiny-arc/ (default: <repo>/models)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="base seed of all weights")
     args = ap.parse_args(argv)
 
     tok = build_tokenizer(build_vocab(read_vocab_words(VOCAB_FILE)))
     t5_cfg = t5_config(tok.get_vocab_size(with_added_tokens=True))
-    t5_weights = t5_encoder_state_dict(T5GemmaConfig.from_hf(t5_cfg),
-                                       np.random.default_rng([args.seed, T5_STREAM]))
+    t5_weights = t5_encoder_state_dict(T5GemmaConfig.from_hf(t5_cfg), np.random.default_rng([args.seed, T5_STREAM]))
 
     total = 0
     for name, (repo_id, objective, stream) in VARIANTS.items():
@@ -435,8 +441,7 @@ def main(argv: list[str] | None = None) -> None:
         size = folder_bytes(folder)
         total += size
         files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
-        print(f"{folder}: {objective}, {len(weights)} SA3 tensors, "
-              f"{len(t5_weights)} T5Gemma tensors, {size:,} bytes")
+        print(f"{folder}: {objective}, {len(weights)} SA3 tensors, {len(t5_weights)} T5Gemma tensors, {size:,} bytes")
         for f in files:
             print(f"  {f}")
     print(f"tokenizer vocab {tok.get_vocab_size()}, total {total:,} bytes")

@@ -6,16 +6,28 @@ from collections import Counter
 
 from sa3mlx.audio import reasons
 
-DURATION_BINS = ((10, "<10s"), (30, "10-30s"), (60, "30-60s"), (300, "1-5min"), (600, "5-10min"),
-                 (float("inf"), ">=10min"))
+DURATION_BINS = (
+    (10, "<10s"),
+    (30, "10-30s"),
+    (60, "30-60s"),
+    (300, "1-5min"),
+    (600, "5-10min"),
+    (float("inf"), ">=10min"),
+)
 
 
 def duration_bin(seconds: float) -> str:
     return next(label for edge, label in DURATION_BINS if seconds < edge)
 
 
-def build_report(settings: dict, inputs: int, decoded: list[dict], quarantined: list[dict],
-                 duplicates: list[dict], ignored: list[dict]) -> dict:
+def build_report(
+    settings: dict,
+    inputs: int,
+    decoded: list[dict],
+    quarantined: list[dict],
+    duplicates: list[dict],
+    ignored: list[dict],
+) -> dict:
     """`decoded`: one record per decoded input (kept or duplicate), in input order.
 
     Formats, rates, channels and the duration histogram describe every decoded input
@@ -57,8 +69,10 @@ def summary(report: dict, raw: str, out: str) -> str:
     """A few aligned lines for stdout (and the README example)."""
     c, s = report["counts"], report["settings"]
     kinds = {"wav": "float32 WAV", "flac": "24-bit FLAC"}
-    lines = [f"normalize: {c['audio_files']} audio files in {raw} -> {c['kept']} kept in {out} "
-             f"({s['sample_rate']} Hz stereo {kinds.get(s['format'], s['format'])})"]
+    lines = [
+        f"normalize: {c['audio_files']} audio files in {raw} -> {c['kept']} kept in {out} "
+        f"({s['sample_rate']} Hz stereo {kinds.get(s['format'], s['format'])})"
+    ]
 
     def row(name: str, text: str) -> None:
         lines.append(f"  {name:<13}{text}")
@@ -70,8 +84,11 @@ def summary(report: dict, raw: str, out: str) -> str:
     row("sample rates", joined(report["sample_rates"], " Hz"))
     row("channels", ", ".join(f"{_channel_word(k)} {v}" for k, v in report["channels"].items()) or "-")
     row("durations", joined(report["durations"]))
-    row("kept", f"{c['kept']} files, {report['seconds_total']:.1f} s ({report['hours_total']:.3f} h); "
-                f"{c['silent']} silent, {c['capped']} capped at {s['max_seconds']:g} s")
+    row(
+        "kept",
+        f"{c['kept']} files, {report['seconds_total']:.1f} s ({report['hours_total']:.3f} h); "
+        f"{c['silent']} silent, {c['capped']} capped at {s['max_seconds']:g} s",
+    )
     for d in report["duplicates"]:
         row("duplicate", f"{d['removed']} = {d['kept']} (removed, same PCM)")
     for name in report["silent"]:

@@ -6,9 +6,10 @@ import contextlib
 import math
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 import numpy as np
 import soundfile as sf
@@ -85,8 +86,10 @@ def decode(f: BinaryIO, size: int, max_seconds: float | None = None) -> Source:
         exact = sound.format not in ESTIMATED_LENGTH_FORMATS
         where = f"{sound.format} {sound.subtype}, {rate} Hz, {sound.channels} ch"
         if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
-            raise Rejected(reasons.ABSURD_SAMPLE_RATE,
-                           f"{rate} Hz in the header (accepted {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE}); {where}")
+            raise Rejected(
+                reasons.ABSURD_SAMPLE_RATE,
+                f"{rate} Hz in the header (accepted {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE}); {where}",
+            )
         cut = _container_truncation(f, size, head)
         if cut:
             raise Rejected(reasons.TRUNCATED, f"{cut}; {where}")
@@ -113,8 +116,9 @@ def _read_blocks(sound: sf.SoundFile, wanted: int, total: int, where: str) -> np
         try:
             block = sound.read(min(BLOCK_FRAMES, wanted - done), dtype="float32", always_2d=True)
         except Exception as e:
-            raise Rejected(reasons.TRUNCATED, f"decoding stopped after {done} of {total} frames "
-                                              f"({_message(e)}); {where}") from None
+            raise Rejected(
+                reasons.TRUNCATED, f"decoding stopped after {done} of {total} frames ({_message(e)}); {where}"
+            ) from None
         if block.shape[0] == 0:
             break
         blocks.append(block)
@@ -141,25 +145,32 @@ def _explain_open_failure(head: bytes, error: Exception) -> Rejected:
     message = _message(error)
     kind = sniff.signature(head)
     if kind in sniff.UNDECODABLE_NAMES:
-        return Rejected(reasons.UNSUPPORTED_CONTAINER,
-                        f"{sniff.UNDECODABLE_NAMES[kind]} cannot be decoded by libsndfile "
-                        f"{sf.__libsndfile_version__}; convert it to FLAC or WAV (e.g. with ffmpeg)")
+        return Rejected(
+            reasons.UNSUPPORTED_CONTAINER,
+            f"{sniff.UNDECODABLE_NAMES[kind]} cannot be decoded by libsndfile "
+            f"{sf.__libsndfile_version__}; convert it to FLAC or WAV (e.g. with ffmpeg)",
+        )
     if kind == "ogg" and sniff.ogg_codec(head):
-        return Rejected(reasons.UNSUPPORTED_CONTAINER,
-                        f"an Ogg stream of {sniff.ogg_codec(head)}, which this libsndfile cannot decode ({message})")
+        return Rejected(
+            reasons.UNSUPPORTED_CONTAINER,
+            f"an Ogg stream of {sniff.ogg_codec(head)}, which this libsndfile cannot decode ({message})",
+        )
     if kind == "wav" and sniff.wav_codec(head) is not None:
-        return Rejected(reasons.UNSUPPORTED_CONTAINER,
-                        f"a WAV file with codec tag 0x{sniff.wav_codec(head):04x}, which libsndfile "
-                        f"cannot decode ({message})")
+        return Rejected(
+            reasons.UNSUPPORTED_CONTAINER,
+            f"a WAV file with codec tag 0x{sniff.wav_codec(head):04x}, which libsndfile cannot decode ({message})",
+        )
     if kind is not None:
-        return Rejected(reasons.CORRUPT_HEADER,
-                        f"starts with the {kind.upper()} signature {head[:4]!r} but is not a readable "
-                        f"stream ({message})")
+        return Rejected(
+            reasons.CORRUPT_HEADER,
+            f"starts with the {kind.upper()} signature {head[:4]!r} but is not a readable stream ({message})",
+        )
     if sniff.looks_like_text(head):
         preview = head[:40].decode("utf-8", "replace").split("\n")[0]
         return Rejected(reasons.TEXT_FILE, f"text, not audio (starts {preview!r})")
-    return Rejected(reasons.UNKNOWN_FORMAT, f"no known audio signature (first bytes {head[:8].hex()}); "
-                                            f"libsndfile: {message}")
+    return Rejected(
+        reasons.UNKNOWN_FORMAT, f"no known audio signature (first bytes {head[:8].hex()}); libsndfile: {message}"
+    )
 
 
 def _message(error: Exception) -> str:

@@ -44,7 +44,7 @@ class Options:
     strict: bool = False  # fail the stage if anything is quarantined
 
     @classmethod
-    def from_params(cls, params: dict) -> "Options":
+    def from_params(cls, params: dict) -> Options:
         options = dataclass_from_params(cls, params, "normalize")
         options.validate()
         if not isinstance(options.strict, bool):
@@ -71,8 +71,9 @@ def normalize_dir(raw: str | os.PathLike, out: str | os.PathLike, options: Optio
     return normalize_listing(scan(raw), raw, out, options)
 
 
-def normalize_listing(listing: Listing, raw: str | os.PathLike, out: str | os.PathLike,
-                      options: Options = Options()) -> dict:
+def normalize_listing(
+    listing: Listing, raw: str | os.PathLike, out: str | os.PathLike, options: Options = Options()
+) -> dict:
     raw, out = Path(raw), Path(out)
     _check_folders(raw, out)
     stems = output_stems(listing.inputs)
@@ -87,8 +88,7 @@ def normalize_listing(listing: Listing, raw: str | os.PathLike, out: str | os.Pa
             quarantined.append({"path": rel, "reason": r.reason, "detail": r.detail})
             continue
         except Exception as e:  # bad input never stops the stage
-            quarantined.append({"path": rel, "reason": reasons.UNEXPECTED_ERROR,
-                                "detail": f"{type(e).__name__}: {e}"})
+            quarantined.append({"path": rel, "reason": reasons.UNEXPECTED_ERROR, "detail": f"{type(e).__name__}: {e}"})
             continue
         kept = dedup.seen(record["sha256"], rel)
         if kept is not None:
@@ -103,8 +103,9 @@ def normalize_listing(listing: Listing, raw: str | os.PathLike, out: str | os.Pa
         written.update({name, f"{stems[rel]}.json"})
         decoded.append(record)
     remove_stale(out, written)
-    report = census.build_report(asdict(options), len(listing.inputs), decoded, quarantined,
-                                 dedup.duplicates, listing.ignored)
+    report = census.build_report(
+        asdict(options), len(listing.inputs), decoded, quarantined, dedup.duplicates, listing.ignored
+    )
     save_json(out / REPORT_NAME, report)
     return report
 
@@ -130,9 +131,12 @@ def _prepare(raw: Path, rel: str, options: Options) -> tuple[np.ndarray, dict, d
     capped = audio.shape[0] > options.max_samples
     audio = to_stereo(audio[: options.max_samples])
     if audio.shape[0] < LATENT_SAMPLES:
-        raise Rejected(reasons.TOO_SHORT, f"{audio.shape[0]} samples at {options.sample_rate} Hz after "
-                                          f"resampling ({source.frames} at {source.sample_rate} Hz); "
-                                          f"one latent is {LATENT_SAMPLES}")
+        raise Rejected(
+            reasons.TOO_SHORT,
+            f"{audio.shape[0]} samples at {options.sample_rate} Hz after "
+            f"resampling ({source.frames} at {source.sample_rate} Hz); "
+            f"one latent is {LATENT_SAMPLES}",
+        )
     peak = float(np.max(np.abs(audio)))
     record = {
         "source": rel,
@@ -155,9 +159,12 @@ def _prepare(raw: Path, rel: str, options: Options) -> tuple[np.ndarray, dict, d
 
 
 def _bad_name_entry(bad: dict) -> dict:
-    return {"path": bad["path"], "reason": reasons.NON_UTF8_NAME,
-            "detail": f"rename it to valid UTF-8 (DVC fails on such names before any stage runs), "
-                      f"e.g. to {bad['suggested']!r}"}
+    return {
+        "path": bad["path"],
+        "reason": reasons.NON_UTF8_NAME,
+        "detail": f"rename it to valid UTF-8 (DVC fails on such names before any stage runs), "
+        f"e.g. to {bad['suggested']!r}",
+    }
 
 
 def _check_folders(raw: Path, out: Path) -> None:

@@ -6,12 +6,30 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-AUDIO_EXTENSIONS = frozenset({
-    ".wav", ".wave", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aif", ".aiff", ".aifc", ".caf",
-    ".w64", ".au",
-    # containers libsndfile cannot decode: listed so that they are reported, not silently skipped
-    ".m4a", ".aac", ".mp4", ".wma", ".ape", ".wv",
-})
+AUDIO_EXTENSIONS = frozenset(
+    {
+        ".wav",
+        ".wave",
+        ".flac",
+        ".ogg",
+        ".oga",
+        ".opus",
+        ".mp3",
+        ".aif",
+        ".aiff",
+        ".aifc",
+        ".caf",
+        ".w64",
+        ".au",
+        # containers libsndfile cannot decode: listed so that they are reported, not silently skipped
+        ".m4a",
+        ".aac",
+        ".mp4",
+        ".wma",
+        ".ape",
+        ".wv",
+    }
+)
 SIDECAR_EXTENSIONS = frozenset({".json", ".txt"})
 
 
@@ -39,8 +57,7 @@ def _walk(folder: Path, prefix: str, listing: Listing) -> None:
         rel = prefix + entry.name
         if not _is_utf8(entry.name):
             raw = os.fsencode(rel)
-            listing.bad_names.append({"path": raw.decode("utf-8", "backslashreplace"),
-                                      "suggested": _guess_text(raw)})
+            listing.bad_names.append({"path": raw.decode("utf-8", "backslashreplace"), "suggested": _guess_text(raw)})
             continue
         if entry.name.startswith("."):
             listing.ignored.append({"path": rel, "why": "hidden"})

@@ -74,9 +74,14 @@ def ogg_codec(head: bytes) -> str | None:
     """The codec named in the first packet of an Ogg stream, if the first page is well formed."""
     if head[:4] != b"OggS" or len(head) < 28 or head[4] != 0:
         return None
-    body = head[27 + head[26]:]
-    for magic, name in ((b"\x01vorbis", "Vorbis"), (b"OpusHead", "Opus"), (b"\x7fFLAC", "FLAC"),
-                        (b"Speex   ", "Speex"), (b"\x80theora", "Theora video")):
+    body = head[27 + head[26] :]
+    for magic, name in (
+        (b"\x01vorbis", "Vorbis"),
+        (b"OpusHead", "Opus"),
+        (b"\x7fFLAC", "FLAC"),
+        (b"Speex   ", "Speex"),
+        (b"\x80theora", "Theora video"),
+    ):
         if body.startswith(magic):
             return name
     return None
@@ -126,7 +131,7 @@ def _ogg_truncation(fd: int, size: int) -> str | None:
     segments = page[26]
     if len(page) < 27 + segments:
         return "the last Ogg page is cut short"
-    end = 27 + segments + sum(page[27:27 + segments])
+    end = 27 + segments + sum(page[27 : 27 + segments])
     if end > len(page):
         return f"the last Ogg page is cut short ({len(page)} of {end} bytes)"
     if end == len(page) and not page[5] & 4:

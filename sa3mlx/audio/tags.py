@@ -56,10 +56,13 @@ def sidecar_candidates(audio_path: Path, root: Path) -> list[Path]:
 
 def decode_text(data: bytes) -> tuple[str, str | None]:
     """Bytes of a text file -> (text, warning or None); never fails."""
-    for bom, codec in ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16-le"),
-                       (codecs.BOM_UTF16_BE, "utf-16-be")):
+    for bom, codec in (
+        (codecs.BOM_UTF8, "utf-8"),
+        (codecs.BOM_UTF16_LE, "utf-16-le"),
+        (codecs.BOM_UTF16_BE, "utf-16-be"),
+    ):
         if data.startswith(bom):
-            return data[len(bom):].decode(codec, "replace"), None
+            return data[len(bom) :].decode(codec, "replace"), None
     try:
         return data.decode("utf-8"), None
     except UnicodeDecodeError:

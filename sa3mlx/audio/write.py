@@ -35,8 +35,7 @@ def write_float_wav(path: str | os.PathLike, audio: np.ndarray, rate: int) -> No
     samples = np.ascontiguousarray(audio, dtype="<f4")
     frames, channels = samples.shape
     data_bytes = samples.nbytes
-    fmt = struct.pack("<HHIIHHH", WAVE_FORMAT_IEEE_FLOAT, channels, rate, rate * channels * 4,
-                      channels * 4, 32, 0)
+    fmt = struct.pack("<HHIIHHH", WAVE_FORMAT_IEEE_FLOAT, channels, rate, rate * channels * 4, channels * 4, 32, 0)
     fact = struct.pack("<I", frames)
     riff_size = 4 + (8 + len(fmt)) + (8 + len(fact)) + (8 + data_bytes)
     with atomic_path(path) as tmp, open(tmp, "wb") as f:

@@ -10,9 +10,19 @@ import numpy as np
 
 PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin")
 _SAFETENSORS_DTYPES = {
-    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
-    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
-    "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_,
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": np.uint16,
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U64": np.uint64,
+    "U32": np.uint32,
+    "U16": np.uint16,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
 }
 
 
@@ -57,8 +67,7 @@ def _check_entry(path: Path, name: str, info, body_size: int) -> None:
     except (KeyError, TypeError, ValueError):
         raise CheckpointError(f"{path}: tensor '{name}' has a malformed or unsupported header entry") from None
     if not 0 <= start <= end <= body_size or end - start != count * dtype.itemsize:
-        raise CheckpointError(f"{path}: tensor '{name}' lies outside the file or has inconsistent "
-                              "offsets (truncated?)")
+        raise CheckpointError(f"{path}: tensor '{name}' lies outside the file or has inconsistent offsets (truncated?)")
 
 
 def read_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -68,8 +77,9 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str,
     tensors = {}
     for name, info in header.items():
         start, end = info["data_offsets"]
-        raw = np.frombuffer(data[body_offset + start:body_offset + end],
-                            dtype=_SAFETENSORS_DTYPES[info["dtype"]]).reshape(info["shape"])
+        raw = np.frombuffer(
+            data[body_offset + start : body_offset + end], dtype=_SAFETENSORS_DTYPES[info["dtype"]]
+        ).reshape(info["shape"])
         tensors[name] = bf16_to_f32(raw) if info["dtype"] == "BF16" else np.array(raw)
     return tensors, metadata
 
@@ -85,15 +95,17 @@ def read_pickle_checkpoint(path: str | Path, allow_pickle: bool) -> dict[str, np
     if not allow_pickle:
         raise CheckpointError(
             f"{path}: refusing to read a pickle checkpoint (it can run arbitrary code). "
-            "Convert it to .safetensors, or set convert.allow_pickle: true (needs torch installed).")
+            "Convert it to .safetensors, or set convert.allow_pickle: true (needs torch installed)."
+        )
     try:
         import torch
     except ImportError:
         raise CheckpointError(f"{path}: convert.allow_pickle is set but torch is not installed") from None
     state = torch.load(path, map_location="cpu", weights_only=True)
     state = state.get("state_dict", state)
-    return {k: v.float().numpy() if v.is_floating_point() else v.numpy()
-            for k, v in state.items() if hasattr(v, "numpy")}
+    return {
+        k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items() if hasattr(v, "numpy")
+    }
 
 
 def read_checkpoint(path: str | Path, allow_pickle: bool = False) -> dict[str, np.ndarray]:

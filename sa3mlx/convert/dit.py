@@ -27,12 +27,18 @@ def torch_dit_shapes(cfg: DiTConfig) -> dict[str, tuple]:
     """Every DiT tensor of an official checkpoint (without `model.model.`) and its shape."""
     E, C, F, M = cfg.embed_dim, cfg.io_channels, cfg.ff_inner, cfg.num_memory_tokens
     shapes = {
-        "to_timestep_embed.0.weight": (E, cfg.timestep_features_dim), "to_timestep_embed.0.bias": (E,),
-        "to_timestep_embed.2.weight": (E, E), "to_timestep_embed.2.bias": (E,),
-        "to_cond_embed.0.weight": (E, cfg.cond_token_dim), "to_cond_embed.2.weight": (E, E),
-        "to_global_embed.0.weight": (E, cfg.global_cond_dim), "to_global_embed.2.weight": (E, E),
-        "preprocess_conv.weight": (C, C, 1), "postprocess_conv.weight": (C, C, 1),
-        "transformer.project_in.weight": (E, C), "transformer.project_out.weight": (C, E),
+        "to_timestep_embed.0.weight": (E, cfg.timestep_features_dim),
+        "to_timestep_embed.0.bias": (E,),
+        "to_timestep_embed.2.weight": (E, E),
+        "to_timestep_embed.2.bias": (E,),
+        "to_cond_embed.0.weight": (E, cfg.cond_token_dim),
+        "to_cond_embed.2.weight": (E, E),
+        "to_global_embed.0.weight": (E, cfg.global_cond_dim),
+        "to_global_embed.2.weight": (E, E),
+        "preprocess_conv.weight": (C, C, 1),
+        "postprocess_conv.weight": (C, C, 1),
+        "transformer.project_in.weight": (E, C),
+        "transformer.project_out.weight": (C, E),
         "transformer.memory_tokens": (M, E),
         "transformer.rotary_pos_emb.inv_freq": (cfg.rope_dim // 2,),
         "transformer.global_cond_embedder.0.weight": (E, E),
@@ -44,16 +50,26 @@ def torch_dit_shapes(cfg: DiTConfig) -> dict[str, tuple]:
     dh = cfg.dim_head
     for i in range(cfg.depth):
         block = {
-            "pre_norm.gamma": (E,), "cross_attend_norm.gamma": (E,), "ff_norm.gamma": (E,),
-            "self_attn.to_qkv.weight": (qkv * E, E), "self_attn.to_out.weight": (E, E),
-            "self_attn.q_norm.gamma": (dh,), "self_attn.k_norm.gamma": (dh,),
-            "cross_attn.to_q.weight": (q * E, E), "cross_attn.to_kv.weight": (kv * E, E),
+            "pre_norm.gamma": (E,),
+            "cross_attend_norm.gamma": (E,),
+            "ff_norm.gamma": (E,),
+            "self_attn.to_qkv.weight": (qkv * E, E),
+            "self_attn.to_out.weight": (E, E),
+            "self_attn.q_norm.gamma": (dh,),
+            "self_attn.k_norm.gamma": (dh,),
+            "cross_attn.to_q.weight": (q * E, E),
+            "cross_attn.to_kv.weight": (kv * E, E),
             "cross_attn.to_out.weight": (E, E),
-            "cross_attn.q_norm.gamma": (dh,), "cross_attn.k_norm.gamma": (dh,),
-            "ff.ff.0.proj.weight": (2 * F, E), "ff.ff.0.proj.bias": (2 * F,),
-            "ff.ff.2.weight": (E, F), "ff.ff.2.bias": (E,),
-            "to_local_embed.0.weight": (E, cfg.local_add_cond_dim), "to_local_embed.0.bias": (E,),
-            "to_local_embed.2.weight": (E, E), "to_local_embed.2.bias": (E,),
+            "cross_attn.q_norm.gamma": (dh,),
+            "cross_attn.k_norm.gamma": (dh,),
+            "ff.ff.0.proj.weight": (2 * F, E),
+            "ff.ff.0.proj.bias": (2 * F,),
+            "ff.ff.2.weight": (E, F),
+            "ff.ff.2.bias": (E,),
+            "to_local_embed.0.weight": (E, cfg.local_add_cond_dim),
+            "to_local_embed.0.bias": (E,),
+            "to_local_embed.2.weight": (E, E),
+            "to_local_embed.2.bias": (E,),
             "to_scale_shift_gate": (6 * E,),
         }
         shapes.update({f"transformer.layers.{i}.{k}": v for k, v in block.items()})
@@ -100,10 +116,9 @@ def mlx_dit_shapes(cfg: DiTConfig, cond_dim: int) -> dict[str, tuple]:
 
 def split_sa3_state(state: dict[str, np.ndarray]) -> tuple[dict, dict, dict]:
     """A full SA3 state dict -> (DiT without prefix, conditioner keys, SAME without prefix)."""
-    dit = {k[len(DIT_PREFIX):]: v for k, v in state.items() if k.startswith(DIT_PREFIX)}
+    dit = {k[len(DIT_PREFIX) :]: v for k, v in state.items() if k.startswith(DIT_PREFIX)}
     cond = {k: v for k, v in state.items() if k.startswith(COND_PREFIX)}
-    same = {k[len("pretransform.model."):]: v for k, v in state.items()
-            if k.startswith("pretransform.model.")}
+    same = {k[len("pretransform.model.") :]: v for k, v in state.items() if k.startswith("pretransform.model.")}
     return dit, cond, same
 
 

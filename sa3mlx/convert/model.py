@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from sa3mlx.convert import dit as dit_keys
-from sa3mlx.convert.checkpoint import CheckpointError, PICKLE_SUFFIXES, read_checkpoint
+from sa3mlx.convert.checkpoint import PICKLE_SUFFIXES, CheckpointError, read_checkpoint
 from sa3mlx.convert.same import same_to_mlx, torch_same_shapes
 from sa3mlx.convert.t5gemma import TOKENIZER_FILES, t5gemma_shapes, t5gemma_to_mlx
 from sa3mlx.convert.validate import validate_shapes
@@ -40,9 +40,13 @@ class ConvertOptions:
     allow_pickle: bool = False
 
     @classmethod
-    def from_params(cls, params: dict) -> "ConvertOptions":
-        return cls(dit_dtype=params["dit_dtype"], same_dtype=params["same_dtype"],
-                   t5gemma_dtype=params["t5gemma_dtype"], allow_pickle=bool(params["allow_pickle"]))
+    def from_params(cls, params: dict) -> ConvertOptions:
+        return cls(
+            dit_dtype=params["dit_dtype"],
+            same_dtype=params["same_dtype"],
+            t5gemma_dtype=params["t5gemma_dtype"],
+            allow_pickle=bool(params["allow_pickle"]),
+        )
 
 
 def cast_floats(arrays: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
@@ -79,8 +83,9 @@ def convert_source(source: str | Path, out_dir: str | Path, options: ConvertOpti
             return convert_sa3_folder(source, out_dir, options)
         if (source / "config.json").is_file():
             return convert_t5gemma_folder(source, out_dir, options)
-        raise CheckpointError(f"{source}: neither an SA3/SAME folder (model_config.json) "
-                              "nor a T5Gemma folder (config.json)")
+        raise CheckpointError(
+            f"{source}: neither an SA3/SAME folder (model_config.json) nor a T5Gemma folder (config.json)"
+        )
     return convert_checkpoint_file(source, out_dir, options)
 
 
@@ -148,13 +153,19 @@ def dit_config_from_weights(dit: dict[str, np.ndarray], source: Path) -> DiTConf
     if any(n not in sizes for n in needed):
         raise CheckpointError(f"{source}: cannot infer the DiT sizes from its keys (missing core tensors)")
     E = sizes["embed_dim"]
-    return DiTConfig(io_channels=sizes["io_channels"], embed_dim=E, depth=sizes["depth"],
-                     num_heads=E // sizes["dim_head"], cond_token_dim=sizes.get("cond_token_dim", 768),
-                     global_cond_dim=sizes.get("cond_token_dim", 768),
-                     local_add_cond_dim=sizes.get("local_add_cond_dim", 0),
-                     num_memory_tokens=sizes.get("num_memory_tokens", 0),
-                     timestep_features_dim=sizes.get("timestep_features_dim", 256),
-                     ff_inner=sizes["ff_inner"], differential=sizes["differential"])
+    return DiTConfig(
+        io_channels=sizes["io_channels"],
+        embed_dim=E,
+        depth=sizes["depth"],
+        num_heads=E // sizes["dim_head"],
+        cond_token_dim=sizes.get("cond_token_dim", 768),
+        global_cond_dim=sizes.get("cond_token_dim", 768),
+        local_add_cond_dim=sizes.get("local_add_cond_dim", 0),
+        num_memory_tokens=sizes.get("num_memory_tokens", 0),
+        timestep_features_dim=sizes.get("timestep_features_dim", 256),
+        ff_inner=sizes["ff_inner"],
+        differential=sizes["differential"],
+    )
 
 
 def _is_mlx_dit(state: dict) -> bool:
@@ -171,8 +182,9 @@ def _check_unclaimed(state: dict, source: Path) -> None:
 def _config_mismatch(dit: dict, cfg: DiTConfig) -> str:
     inferred = dit_keys.infer_dit_config(dit)
     declared = {**cfg.__dict__, "dim_head": cfg.dim_head}
-    diffs = [f"{k}: config {declared[k]}, weights {v}" for k, v in inferred.items()
-             if k in declared and declared[k] != v]
+    diffs = [
+        f"{k}: config {declared[k]}, weights {v}" for k, v in inferred.items() if k in declared and declared[k] != v
+    ]
     return ("model_config.json does not match the weights (" + "; ".join(diffs) + ")\n") if diffs else ""
 
 
@@ -194,8 +206,10 @@ def _mlx_dit(state, cfg: DiTConfig, cond_dim: int, source: Path, options) -> dic
 def _same_files(same: dict, cfg: AutoencoderConfig, source: Path, options) -> dict:
     validate_shapes(same, torch_same_shapes(cfg), source, "SAME codec")
     encoder, decoder = same_to_mlx(same)
-    return {"same_encoder.npz": cast_floats(encoder, options.same_dtype),
-            "same_decoder.npz": cast_floats(decoder, options.same_dtype)}
+    return {
+        "same_encoder.npz": cast_floats(encoder, options.same_dtype),
+        "same_decoder.npz": cast_floats(decoder, options.same_dtype),
+    }
 
 
 def _t5gemma_files(folder: Path, out_dir: Path, options) -> dict:
@@ -224,7 +238,6 @@ def _finish(out_dir: Path, files: dict[str, dict], source: Path, **info) -> dict
     for name, arrays in files.items():
         save_npz(out_dir / name, arrays)
         dtypes = sorted({str(a.dtype) for a in arrays.values()})
-        manifest["files"][name] = {"keys": len(arrays), "dtypes": dtypes,
-                                   "sha256": sha256_file(out_dir / name)}
+        manifest["files"][name] = {"keys": len(arrays), "dtypes": dtypes, "sha256": sha256_file(out_dir / name)}
     save_json(out_dir / "manifest.json", manifest)
     return manifest

@@ -11,8 +11,7 @@ from sa3mlx.convert.checkpoint import CheckpointError
 SHOW = 20
 
 
-def validate_shapes(state: dict[str, np.ndarray], expected: dict[str, tuple], source: str | Path,
-                    what: str) -> None:
+def validate_shapes(state: dict[str, np.ndarray], expected: dict[str, tuple], source: str | Path, what: str) -> None:
     """Raise CheckpointError listing missing, unexpected and mis-shaped keys (first 20 of each)."""
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -22,8 +21,9 @@ def validate_shapes(state: dict[str, np.ndarray], expected: dict[str, tuple], so
     lines = [f"{source}: {what} does not match the expected layout"]
     lines += _section("missing", missing, lambda k: f"{k} {list(expected[k])}")
     lines += _section("unexpected", unexpected, lambda k: f"{k} {list(state[k].shape)}")
-    lines += _section("mis-shaped", misshaped,
-                      lambda k: f"{k}: got {list(state[k].shape)}, expected {list(expected[k])}")
+    lines += _section(
+        "mis-shaped", misshaped, lambda k: f"{k}: got {list(state[k].shape)}, expected {list(expected[k])}"
+    )
     raise CheckpointError("\n".join(lines))
 
 

@@ -58,8 +58,9 @@ def find_latents(root: str | Path) -> list[LatentFile]:
             continue
         files.append(LatentFile(path, sidecar, path.relative_to(root).as_posix()))
     if orphans:
-        raise FileNotFoundError(f"{root}: latents without a .json sidecar: {orphans[:5]}"
-                                f"{' …' if len(orphans) > 5 else ''}")
+        raise FileNotFoundError(
+            f"{root}: latents without a .json sidecar: {orphans[:5]}{' …' if len(orphans) > 5 else ''}"
+        )
     if not files:
         raise ValueError(f"{root}: no pre-encoded latents (*.npy with .json sidecars)")
     return files
@@ -115,8 +116,9 @@ def _fit_mask(mask: np.ndarray, length: int) -> np.ndarray:
 
 
 class PreEncodedDataset:
-    def __init__(self, root: str | Path, crop_length: int | None, random_crop: bool = True,
-                 prompts: PromptTemplate | None = None):
+    def __init__(
+        self, root: str | Path, crop_length: int | None, random_crop: bool = True, prompts: PromptTemplate | None = None
+    ):
         self.root = Path(root)
         self.files = find_latents(self.root)
         self.silence = load_silence(self.root)
@@ -151,8 +153,8 @@ class PreEncodedDataset:
         start = 0
         if length > crop:
             start = crop_start(mask, crop, self.random_crop, rng)
-            latents = np.array(stored[:, start:start + crop], np.float32)
-            mask = _fit_mask(mask[start:start + crop], crop)
+            latents = np.array(stored[:, start : start + crop], np.float32)
+            mask = _fit_mask(mask[start : start + crop], crop)
         elif length < crop:
             latents = pad_latents(np.array(stored, np.float32), crop, self.silence)
             mask = _fit_mask(mask[:length], crop)
@@ -230,7 +232,7 @@ class EpochSampler:
         return self.rng(_CROP, epoch, draw)
 
     def prompt_rng(self, epoch: int, draw: int) -> random.Random:
-        return random.Random(int(self.rng(_PROMPT, epoch, draw).integers(0, 2 ** 63)))
+        return random.Random(int(self.rng(_PROMPT, epoch, draw).integers(0, 2**63)))
 
     def remaining(self) -> Iterator[tuple[int, int, range]]:
         """(epoch, position, draws) for the rest of the current epoch; the position advances as each
@@ -247,8 +249,15 @@ class EpochSampler:
             yield epoch, position, self.draws(epoch, position)
 
     def state_dict(self) -> dict:
-        return {"seed": self.seed, "epoch": self.epoch, "position": self.position, "size": self.size,
-                "batch_size": self.batch_size, "shuffle": self.shuffle, "drop_last": self.drop_last}
+        return {
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "position": self.position,
+            "size": self.size,
+            "batch_size": self.batch_size,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         mine = self.state_dict()
@@ -261,8 +270,12 @@ class EpochSampler:
 class BatchLoader:
     """Batches of a dataset in its sampler's order; `epoch()` yields the rest of the current epoch."""
 
-    def __init__(self, dataset: PreEncodedDataset, sampler: EpochSampler,
-                 prompt_fn: Callable[[dict, random.Random], str] | None = None):
+    def __init__(
+        self,
+        dataset: PreEncodedDataset,
+        sampler: EpochSampler,
+        prompt_fn: Callable[[dict, random.Random], str] | None = None,
+    ):
         if sampler.size != len(dataset):
             raise ValueError(f"sampler is for {sampler.size} items, dataset has {len(dataset)}")
         self.dataset, self.sampler = dataset, sampler
@@ -273,11 +286,16 @@ class BatchLoader:
         indices = np.asarray([order[d] for d in draws], np.int64)
         examples = [self.dataset.example(int(i), self.sampler.crop_rng(epoch, d)) for i, d in zip(indices, draws)]
         prompts = [self.prompt_fn(ex.info, self.sampler.prompt_rng(epoch, d)) for ex, d in zip(examples, draws)]
-        return Batch(latents=np.stack([ex.latents for ex in examples]),
-                     padding_mask=np.stack([ex.padding_mask for ex in examples]),
-                     seconds_total=np.asarray([float(ex.info["seconds_total"]) for ex in examples], np.float64),
-                     prompts=prompts, infos=[ex.info for ex in examples], indices=indices,
-                     epoch=epoch, position=position)
+        return Batch(
+            latents=np.stack([ex.latents for ex in examples]),
+            padding_mask=np.stack([ex.padding_mask for ex in examples]),
+            seconds_total=np.asarray([float(ex.info["seconds_total"]) for ex in examples], np.float64),
+            prompts=prompts,
+            infos=[ex.info for ex in examples],
+            indices=indices,
+            epoch=epoch,
+            position=position,
+        )
 
     def epoch(self) -> Iterator[Batch]:
         for epoch, position, draws in self.sampler.remaining():

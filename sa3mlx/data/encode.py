@@ -36,8 +36,16 @@ DETAILS_FILE = "details.json"
 REPORT_FILE = "report.json"  # normalize's census: maps outputs to their raw sources
 RESERVED_ROOT_STEMS = ("details", "silence")  # details.json is ours; silence.npy pads clips in the dataset
 ENCODE_VERSION = 1  # part of every cache key: bump when the computation changes
-SIDECAR_FIELDS = ("path", "relpath", "src_relpath", "seconds_total", "seconds_start", "audio_samples",
-                  "latent_shape", "padding_mask")
+SIDECAR_FIELDS = (
+    "path",
+    "relpath",
+    "src_relpath",
+    "seconds_total",
+    "seconds_start",
+    "audio_samples",
+    "latent_shape",
+    "padding_mask",
+)
 
 
 @dataclass(frozen=True)
@@ -48,7 +56,7 @@ class EncodeOptions:
     shard: str | None = None  # "i/n": encode only this process's share of the files
 
     @classmethod
-    def from_params(cls, params: dict) -> "EncodeOptions":
+    def from_params(cls, params: dict) -> EncodeOptions:
         options = dataclass_from_params(cls, params, "encode")
         options.validate()
         return options
@@ -64,12 +72,16 @@ class EncodeOptions:
 
     def fingerprint(self) -> dict:
         """What changes the latents (the shard does not)."""
-        return {"chunk_latents": self.chunk_latents, "overlap": self.overlap,
-                "chunk_above_seconds": float(self.chunk_above_seconds), "version": ENCODE_VERSION}
+        return {
+            "chunk_latents": self.chunk_latents,
+            "overlap": self.overlap,
+            "chunk_above_seconds": float(self.chunk_above_seconds),
+            "version": ENCODE_VERSION,
+        }
 
 
 def parse_shard(text: str | None) -> tuple[int, int] | None:
-    """"i/n" -> (i, n) with 0 <= i < n; None -> None."""
+    """ "i/n" -> (i, n) with 0 <= i < n; None -> None."""
     if text is None:
         return None
     try:
@@ -100,14 +112,19 @@ class Codec:
     _encoder: SameEncoder | None = None
 
     @classmethod
-    def open(cls, folder: str | os.PathLike) -> "Codec":
+    def open(cls, folder: str | os.PathLike) -> Codec:
         folder = Path(folder)
         config = autoencoder_config(folder)
         sample_rate = int(json.loads((folder / "model_config.json").read_text()).get("sample_rate", 44100))
-        described = {"weights": sha256_file(folder / ENCODER_FILE), "encoder": asdict(config.encoder),
-                     "latent_dim": config.latent_dim, "patch_size": config.patch_size,
-                     "audio_channels": config.audio_channels, "sample_rate": sample_rate,
-                     "downsampling_ratio": config.downsampling_ratio}
+        described = {
+            "weights": sha256_file(folder / ENCODER_FILE),
+            "encoder": asdict(config.encoder),
+            "latent_dim": config.latent_dim,
+            "patch_size": config.patch_size,
+            "audio_channels": config.audio_channels,
+            "sample_rate": sample_rate,
+            "downsampling_ratio": config.downsampling_ratio,
+        }
         digest = hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
         return cls(folder, config, sample_rate, digest)
 
@@ -118,8 +135,9 @@ class Codec:
         return self._encoder
 
 
-def encode_audio(encoder: SameEncoder, audio: np.ndarray, sample_rate: int,
-                 options: EncodeOptions) -> tuple[np.ndarray, np.ndarray]:
+def encode_audio(
+    encoder: SameEncoder, audio: np.ndarray, sample_rate: int, options: EncodeOptions
+) -> tuple[np.ndarray, np.ndarray]:
     """[channels, samples] float32 -> (latents [latent_dim, T], mask [T] bool); T = the unchunked count."""
     batch = audio[None]
     if audio.shape[-1] > options.chunk_above_seconds * sample_rate:
@@ -168,12 +186,27 @@ def latent_stem(relpath: str) -> str:
     return stem
 
 
-def sidecar(path: str, npy_relpath: str, src_relpath: str, samples: int, sample_rate: int,
-            latent_shape: list[int], mask: list[int], tags: dict[str, str]) -> tuple[dict, list[str]]:
+def sidecar(
+    path: str,
+    npy_relpath: str,
+    src_relpath: str,
+    samples: int,
+    sample_rate: int,
+    latent_shape: list[int],
+    mask: list[int],
+    tags: dict[str, str],
+) -> tuple[dict, list[str]]:
     """underfit's sidecar fields, then the tags; returns (sidecar, tag keys dropped as clashing)."""
-    meta = {"path": path, "relpath": npy_relpath, "src_relpath": src_relpath,
-            "seconds_total": round(samples / sample_rate, 3), "seconds_start": 0, "audio_samples": samples,
-            "latent_shape": list(latent_shape), "padding_mask": list(mask)}
+    meta = {
+        "path": path,
+        "relpath": npy_relpath,
+        "src_relpath": src_relpath,
+        "seconds_total": round(samples / sample_rate, 3),
+        "seconds_start": 0,
+        "audio_samples": samples,
+        "latent_shape": list(latent_shape),
+        "padding_mask": list(mask),
+    }
     clashes = sorted(k for k in tags if k in meta)
     meta.update({k: v for k, v in tags.items() if k not in meta})
     return meta, clashes
@@ -190,8 +223,10 @@ class Summary:
 
     def line(self) -> str:
         """The line underfit's dashboard parses."""
-        return f"Done in {format_duration(self.wall)}: {self.encoded} encoded, {self.skipped} skipped, " \
-               f"{len(self.errors)} errors"
+        return (
+            f"Done in {format_duration(self.wall)}: {self.encoded} encoded, {self.skipped} skipped, "
+            f"{len(self.errors)} errors"
+        )
 
 
 def format_duration(seconds: float) -> str:
@@ -215,8 +250,10 @@ class Progress:
         self.files += 1
         self.audio_seconds += audio_seconds
         self.busy += wall
-        self.log(f"[{index}/{self.total}] {name}: encoded {audio_seconds:.1f} s in {wall:.2f} s | "
-                 f"{self.files / self.busy:.2f} files/s, {self.audio_seconds / self.busy:.1f} audio-s/s")
+        self.log(
+            f"[{index}/{self.total}] {name}: encoded {audio_seconds:.1f} s in {wall:.2f} s | "
+            f"{self.files / self.busy:.2f} files/s, {self.audio_seconds / self.busy:.1f} audio-s/s"
+        )
 
     def cached(self, index: int, name: str) -> None:
         self.log(f"[{index}/{self.total}] {name}: cached")
@@ -225,8 +262,15 @@ class Progress:
         self.log(f"[{index}/{self.total}] {name}: ERROR {error}")
 
 
-def encode_dir(normalized: str | os.PathLike, latents: str | os.PathLike, cache: str | os.PathLike,
-               codec: Codec, options: EncodeOptions, model: str = "", log=print) -> Summary:
+def encode_dir(
+    normalized: str | os.PathLike,
+    latents: str | os.PathLike,
+    cache: str | os.PathLike,
+    codec: Codec,
+    options: EncodeOptions,
+    model: str = "",
+    log=print,
+) -> Summary:
     """Encode every audio file of `normalized` (this shard's share) into `latents`."""
     started = time.perf_counter()
     normalized, latents = Path(normalized), Path(latents)
@@ -245,8 +289,9 @@ def encode_dir(normalized: str | os.PathLike, latents: str | os.PathLike, cache:
         try:
             if f"{stem}.npy" in written:
                 raise ValueError(f"its output name {stem}.npy is taken by another file; rename one of them")
-            meta, encoded = _encode_one(normalized / rel, latents, stem, sources.get(rel, rel), store, codec,
-                                        options, log)
+            meta, encoded = _encode_one(
+                normalized / rel, latents, stem, sources.get(rel, rel), store, codec, options, log
+            )
         except Exception as e:  # one bad file never stops the rest
             error = f"{type(e).__name__}: {e}"
             summary.errors.append({"path": rel, "error": error})
@@ -256,8 +301,7 @@ def encode_dir(normalized: str | os.PathLike, latents: str | os.PathLike, cache:
         summary.seconds_total += meta["seconds_total"]
         if encoded:
             summary.encoded += 1
-            progress.encoded(index, rel, meta["audio_samples"] / codec.sample_rate,
-                             time.perf_counter() - started_file)
+            progress.encoded(index, rel, meta["audio_samples"] / codec.sample_rate, time.perf_counter() - started_file)
         else:
             summary.skipped += 1
             progress.cached(index, rel)
@@ -269,8 +313,16 @@ def encode_dir(normalized: str | os.PathLike, latents: str | os.PathLike, cache:
     return summary
 
 
-def _encode_one(audio_path: Path, latents: Path, stem: str, src_rel: str, store: LatentCache, codec: Codec,
-                options: EncodeOptions, log) -> tuple[dict, bool]:
+def _encode_one(
+    audio_path: Path,
+    latents: Path,
+    stem: str,
+    src_rel: str,
+    store: LatentCache,
+    codec: Codec,
+    options: EncodeOptions,
+    log,
+) -> tuple[dict, bool]:
     """Encode one file (or find it in the cache) and write its npy + sidecar; (sidecar, encoded?)."""
     data = audio_path.read_bytes()
     key = entry_key(hashlib.sha256(data).hexdigest(), codec.sha256, options.fingerprint())
@@ -280,14 +332,28 @@ def _encode_one(audio_path: Path, latents: Path, stem: str, src_rel: str, store:
         audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
         del data
         if rate != codec.sample_rate or audio.shape[1] != codec.config.audio_channels:
-            raise ValueError(f"{rate} Hz {audio.shape[1]} channels; the codec takes {codec.sample_rate} Hz "
-                             f"{codec.config.audio_channels} channels (run normalize)")
+            raise ValueError(
+                f"{rate} Hz {audio.shape[1]} channels; the codec takes {codec.sample_rate} Hz "
+                f"{codec.config.audio_channels} channels (run normalize)"
+            )
         latent, mask = encode_audio(codec.encoder, np.ascontiguousarray(audio.T), rate, options)
-        entry = store.put(key, latent, mask, audio.shape[0],
-                          {"source": audio_path.as_posix(), "codec_sha256": codec.sha256,
-                           "params": options.fingerprint()})
-    meta, clashes = sidecar(audio_path.as_posix(), f"{stem}.npy", src_rel, entry.audio_samples,
-                            codec.sample_rate, entry.latent_shape, entry.mask, read_tags(audio_path))
+        entry = store.put(
+            key,
+            latent,
+            mask,
+            audio.shape[0],
+            {"source": audio_path.as_posix(), "codec_sha256": codec.sha256, "params": options.fingerprint()},
+        )
+    meta, clashes = sidecar(
+        audio_path.as_posix(),
+        f"{stem}.npy",
+        src_rel,
+        entry.audio_samples,
+        codec.sample_rate,
+        entry.latent_shape,
+        entry.mask,
+        read_tags(audio_path),
+    )
     if clashes:
         log(f"  {audio_path.name}: tags {clashes} clash with sidecar fields and were left out")
     copy_atomic(entry.latents, latents / f"{stem}.npy")
@@ -304,10 +370,19 @@ def write_sidecar(path: Path, meta: dict) -> None:
 def details(codec: Codec, options: EncodeOptions, model: str, normalized: Path, summary: Summary) -> dict:
     """`details.json` at the latent root (underfit's fields; only facts of the inputs, not of the cache)."""
     cfg = codec.config
-    return {"model": model, "codec_sha256": codec.sha256, "sample_rate": codec.sample_rate,
-            "audio_channels": cfg.audio_channels, "downsampling_ratio": cfg.downsampling_ratio,
-            "latent_dim": cfg.latent_dim, "scale": 1.0, "half": False, "max_samples": None,
-            "input_dir": normalized.as_posix(), "num_files": summary.total - len(summary.errors),
-            "seconds_total": round(summary.seconds_total, 3), "num_errors": len(summary.errors),
-            "encode": {k: v for k, v in options.fingerprint().items() if k != "version"}}
-
+    return {
+        "model": model,
+        "codec_sha256": codec.sha256,
+        "sample_rate": codec.sample_rate,
+        "audio_channels": cfg.audio_channels,
+        "downsampling_ratio": cfg.downsampling_ratio,
+        "latent_dim": cfg.latent_dim,
+        "scale": 1.0,
+        "half": False,
+        "max_samples": None,
+        "input_dir": normalized.as_posix(),
+        "num_files": summary.total - len(summary.errors),
+        "seconds_total": round(summary.seconds_total, 3),
+        "num_errors": len(summary.errors),
+        "encode": {k: v for k, v in options.fingerprint().items() if k != "version"},
+    }

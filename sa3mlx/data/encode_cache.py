@@ -46,7 +46,7 @@ class LatentCache:
         marker = self.root / ".gitignore"
         if not marker.is_file():
             self.root.mkdir(parents=True, exist_ok=True)
-            marker.write_text("# the encode stage's machine-local latent cache (see README \"encode\")\n*\n")
+            marker.write_text('# the encode stage\'s machine-local latent cache (see README "encode")\n*\n')
 
     def _paths(self, key: str) -> tuple[Path, Path]:
         folder = self.root / key[:2]
@@ -67,8 +67,15 @@ class LatentCache:
         with atomic_path(npy) as tmp, open(tmp, "wb") as f:
             np.save(f, np.ascontiguousarray(latents, dtype=np.float32))
         padding = [int(v) for v in mask]
-        save_json(meta, {**about, "padding_mask": padding, "audio_samples": int(audio_samples),
-                         "latent_shape": list(latents.shape)})
+        save_json(
+            meta,
+            {
+                **about,
+                "padding_mask": padding,
+                "audio_samples": int(audio_samples),
+                "latent_shape": list(latents.shape),
+            },
+        )
         return Entry(npy, list(latents.shape), padding, int(audio_samples))
 
     def remove_leftovers(self) -> int:

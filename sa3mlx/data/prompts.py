@@ -16,8 +16,17 @@ import random
 from dataclasses import dataclass, fields
 
 # metadata key -> the label a tag prompt shows; this order is the default tag order
-TAG_LABELS = {"title": "Title", "artist": "Artist", "album": "Album", "genre": "Genre", "label": "Label",
-              "date": "Year", "composer": "Composer", "bpm": "BPM", "prompt": "Prompt"}
+TAG_LABELS = {
+    "title": "Title",
+    "artist": "Artist",
+    "album": "Album",
+    "genre": "Genre",
+    "label": "Label",
+    "date": "Year",
+    "composer": "Composer",
+    "bpm": "BPM",
+    "prompt": "Prompt",
+}
 SOURCES = ("tags", "paths", "fixed")
 
 
@@ -49,7 +58,7 @@ class PromptTemplate:
             raise ValueError(f"trigger_probability must be in [0, 1], got {self.trigger_probability}")
 
     @classmethod
-    def from_dict(cls, d: dict) -> "PromptTemplate":
+    def from_dict(cls, d: dict) -> PromptTemplate:
         """Our field names, or the dashboard's `prompt_config` (`balance`, `path_opts` in camelCase
         or snake_case, `trigger_pct` in percent). Unknown keys are an error."""
         d = dict(d)
@@ -58,9 +67,11 @@ class PromptTemplate:
             if source in balance:
                 d.setdefault(f"weight_{source}", balance[source])
         paths = d.pop("path_opts", {}) or {}
-        for ours, camel, snake in (("path_hide_ext", "hideExt", "hide_ext"),
-                                   ("path_hide_dirs", "hideDirs", "hide_dirs"),
-                                   ("path_hide_topmost_dir", "hideTopmostDir", "hide_topmost_dir")):
+        for ours, camel, snake in (
+            ("path_hide_ext", "hideExt", "hide_ext"),
+            ("path_hide_dirs", "hideDirs", "hide_dirs"),
+            ("path_hide_topmost_dir", "hideTopmostDir", "hide_topmost_dir"),
+        ):
             if camel in paths or snake in paths:
                 d.setdefault(ours, paths.get(camel, paths.get(snake)))
         if "trigger_pct" in d:
@@ -72,8 +83,11 @@ class PromptTemplate:
         return cls(**d)
 
     def weights(self) -> list[tuple[str, float]]:
-        enabled = (("tags", self.use_tags, self.weight_tags), ("paths", self.use_paths, self.weight_paths),
-                   ("fixed", self.use_fixed, self.weight_fixed))
+        enabled = (
+            ("tags", self.use_tags, self.weight_tags),
+            ("paths", self.use_paths, self.weight_paths),
+            ("fixed", self.use_fixed, self.weight_fixed),
+        )
         return [(name, weight) for name, on, weight in enabled if on]
 
 
@@ -135,15 +149,19 @@ def build_prompt(metadata: dict, template: PromptTemplate | None, rng: random.Ra
     if template is None:
         return legacy_prompt(metadata, rng)
     # every enabled source is built before the pick, as underfit does (same random draws)
-    built = {"tags": lambda: tag_prompt(metadata, template, rng), "paths": lambda: path_prompt(metadata, template),
-             "fixed": lambda: template.fixed_text}
+    built = {
+        "tags": lambda: tag_prompt(metadata, template, rng),
+        "paths": lambda: path_prompt(metadata, template),
+        "fixed": lambda: template.fixed_text,
+    }
     candidates = [(name, built[name](), weight) for name, weight in template.weights()]
     if not candidates:
         method, prompt = None, metadata.get("text", "")
     else:
         weights = [w for _, _, w in candidates]
-        method, prompt, _ = (rng.choice(candidates) if sum(weights) <= 0
-                             else rng.choices(candidates, weights=weights, k=1)[0])
+        method, prompt, _ = (
+            rng.choice(candidates) if sum(weights) <= 0 else rng.choices(candidates, weights=weights, k=1)[0]
+        )
     if template.trigger and template.trigger_probability > 0 and rng.random() < template.trigger_probability:
         if not prompt:
             return template.trigger

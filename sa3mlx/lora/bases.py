@@ -48,8 +48,9 @@ def weights_in_precision(weight: np.ndarray, precision: str) -> tuple[np.ndarray
     return rounded.astype(np.uint32).view(np.float32), "bfloat16"
 
 
-def model_bases(arrays: dict[str, np.ndarray], dit: DiTConfig, cond_dim: int, max_rank: int,
-                precision: str = "stored") -> tuple[dict[str, dict[str, np.ndarray]], str]:
+def model_bases(
+    arrays: dict[str, np.ndarray], dit: DiTConfig, cond_dim: int, max_rank: int, precision: str = "stored"
+) -> tuple[dict[str, dict[str, np.ndarray]], str]:
     """Bases of every adaptable layer of converted dit.npz arrays (name -> {U, V, S}) and the
     precision the weights were decomposed in."""
     out, used = {}, "float32"
@@ -61,19 +62,28 @@ def model_bases(arrays: dict[str, np.ndarray], dit: DiTConfig, cond_dim: int, ma
     return out, used
 
 
-def compute_svd_file(converted_dir: str | Path, out_dir: str | Path, max_rank: int = 64,
-                     precision: str = "stored") -> Path:
+def compute_svd_file(
+    converted_dir: str | Path, out_dir: str | Path, max_rank: int = 64, precision: str = "stored"
+) -> Path:
     """The `svd` stage: bases of `<converted_dir>/dit.npz` into `<out_dir>/svd_bases.safetensors`."""
     converted_dir = Path(converted_dir)
     source = converted_dir / "dit.npz"
     config = ModelConfig.load(converted_dir / "model_config.json")
     origin = {"source": source.name, "source_sha256": sha256_file(source)}
-    return write_svd_file(out_dir, read_npz(source), config.dit, config.conditioner.cond_dim, max_rank,
-                          precision, origin)
+    return write_svd_file(
+        out_dir, read_npz(source), config.dit, config.conditioner.cond_dim, max_rank, precision, origin
+    )
 
 
-def write_svd_file(out_dir: str | Path, arrays: dict[str, np.ndarray], dit: DiTConfig, cond_dim: int,
-                   max_rank: int, precision: str, origin: dict) -> Path:
+def write_svd_file(
+    out_dir: str | Path,
+    arrays: dict[str, np.ndarray],
+    dit: DiTConfig,
+    cond_dim: int,
+    max_rank: int,
+    precision: str,
+    origin: dict,
+) -> Path:
     bases, used = model_bases(arrays, dit, cond_dim, max_rank, precision)
     metadata = {**origin, "precision": used, "max_rank": max_rank, "sign_rule": SIGN_RULE, "layers": len(bases)}
     return save_bases(Path(out_dir) / SVD_FILE, bases, metadata)
@@ -81,8 +91,11 @@ def write_svd_file(out_dir: str | Path, arrays: dict[str, np.ndarray], dit: DiTC
 
 def save_bases(path: str | Path, bases: dict[str, dict[str, np.ndarray]], metadata: dict) -> Path:
     """fp32 safetensors, one metadata key (deterministic bytes for the same inputs)."""
-    tensors = {f"{name}.{part}": np.ascontiguousarray(value, dtype=np.float32)
-               for name, parts in bases.items() for part, value in parts.items()}
+    tensors = {
+        f"{name}.{part}": np.ascontiguousarray(value, dtype=np.float32)
+        for name, parts in bases.items()
+        for part, value in parts.items()
+    }
     with atomic_path(path) as tmp:
         save_file(tensors, tmp, metadata={METADATA_KEY: json.dumps(metadata, sort_keys=True)})
     return Path(path)
@@ -111,15 +124,16 @@ def bases_if_present(folder: str | Path) -> dict[str, dict[str, np.ndarray]] | N
     return read_bases(folder) if (Path(folder) / SVD_FILE).is_file() else None
 
 
-def layer_bases(svd: dict[str, dict[str, np.ndarray]] | None, name: str,
-                rank: int) -> dict[str, np.ndarray] | None:
+def layer_bases(svd: dict[str, dict[str, np.ndarray]] | None, name: str, rank: int) -> dict[str, np.ndarray] | None:
     """A layer's entry of a base file, checked to hold at least `rank` columns; None when absent."""
     entry = (svd or {}).get(name)
     if entry is not None:
         columns, full = entry["U"].shape[1], min(entry["U"].shape[0], entry["V"].shape[0])
         if columns < min(rank, full):
-            raise ValueError(f"{name}: the SVD base file keeps {columns} columns but the adapter has rank {rank}; "
-                             f"rerun the svd stage with svd.max_rank >= {rank}")
+            raise ValueError(
+                f"{name}: the SVD base file keeps {columns} columns but the adapter has rank {rank}; "
+                f"rerun the svd stage with svd.max_rank >= {rank}"
+            )
     return entry
 
 
@@ -132,8 +146,10 @@ def bases_metadata(path: str | Path) -> dict:
 def _read_underfit_pt(path: Path, allow_pickle: bool) -> dict[str, dict[str, np.ndarray]]:
     """underfit's `{state-dict key: {U, V, S, shape}}` (fp16 U/V) -> our names, fp32."""
     if not allow_pickle:
-        raise CheckpointError(f"{path}: refusing to read a pickle file (it can run arbitrary code); "
-                              "pass allow_pickle=True (needs torch) or use the svd stage's safetensors")
+        raise CheckpointError(
+            f"{path}: refusing to read a pickle file (it can run arbitrary code); "
+            "pass allow_pickle=True (needs torch) or use the svd stage's safetensors"
+        )
     try:
         import torch
     except ImportError:

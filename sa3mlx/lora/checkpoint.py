@@ -49,12 +49,21 @@ def session_dir(save_dir: str | Path, name: str, session: str | None = None) -> 
 
 def lora_state_dict(layers: dict[str, AdaptedLayer]) -> dict[str, np.ndarray]:
     """Checkpoint tensors (fp16) of named adapted layers."""
-    return {lora_key(name, param): np.array(value.astype(mx.float32)).astype(np.float16)
-            for name, layer in layers.items() for param, value in layer.lora_state().items()}
+    return {
+        lora_key(name, param): np.array(value.astype(mx.float32)).astype(np.float16)
+        for name, layer in layers.items()
+        for param, value in layer.lora_state().items()
+    }
 
 
-def save_lora(path: str | Path, layers: dict[str, AdaptedLayer], cfg: LoRAConfig, step: int, epoch: int,
-              base_model: str | None = None) -> Path:
+def save_lora(
+    path: str | Path,
+    layers: dict[str, AdaptedLayer],
+    cfg: LoRAConfig,
+    step: int,
+    epoch: int,
+    base_model: str | None = None,
+) -> Path:
     """Write the checkpoint atomically; same tensors and config give the same bytes."""
     path = Path(path)
     if path.suffix != ".safetensors":
@@ -79,8 +88,10 @@ class LoRAFile:
 
 def check_readable_suffix(path: Path) -> None:
     if path.suffix.lower() in PICKLE_SUFFIXES:
-        raise CheckpointError(f"{path}: {path.suffix} adapter files are pickles (they can run code) and are "
-                              "not loaded; convert it to .safetensors with the official SA3 tools first")
+        raise CheckpointError(
+            f"{path}: {path.suffix} adapter files are pickles (they can run code) and are "
+            "not loaded; convert it to .safetensors with the official SA3 tools first"
+        )
     if path.suffix.lower() != ".safetensors":
         raise CheckpointError(f"{path}: not a .safetensors adapter file")
 
@@ -129,9 +140,11 @@ def apply_lora(lora: LoRAFile, layers: dict[str, AdaptedLayer], base_model: str 
     for name, tensors in lora.layers.items():
         layer = layers.get(name)
         if layer is None:
-            raise LoRAShapeError(f"{lora.path}: layer '{name}' is not an adapted layer of this model "
-                                 "(trained for a different base?)")
+            raise LoRAShapeError(
+                f"{lora.path}: layer '{name}' is not an adapted layer of this model (trained for a different base?)"
+            )
         if layer.kind.name != lora.config["adapter_type"]:
-            raise LoRAShapeError(f"{lora.path}: layer '{name}' is {layer.kind.name} here but "
-                                 f"{lora.config['adapter_type']} in the file")
+            raise LoRAShapeError(
+                f"{lora.path}: layer '{name}' is {layer.kind.name} here but {lora.config['adapter_type']} in the file"
+            )
         layer.load_lora_state(tensors, f"{lora.path}: {name}")

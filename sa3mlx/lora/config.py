@@ -11,8 +11,17 @@ from dataclasses import dataclass
 from sa3mlx.lora.types import adapter_kind
 
 # the dashboard's default exclude list, in its order
-DEFAULT_EXCLUDE = ("to_timestep_embed", "to_cond_embed", "to_global_embed", "to_local_embed",
-                   "global_cond_embedder", "project_in", "project_out", "preprocess_conv", "postprocess_conv")
+DEFAULT_EXCLUDE = (
+    "to_timestep_embed",
+    "to_cond_embed",
+    "to_global_embed",
+    "to_local_embed",
+    "global_cond_embedder",
+    "project_in",
+    "project_out",
+    "preprocess_conv",
+    "postprocess_conv",
+)
 # SA3's documented filter for keeping the seconds_total embedder frozen
 CONDITIONER_EXCLUDE = "seconds_total"
 
@@ -52,22 +61,28 @@ class LoRAConfig:
     def metadata(self, step: int, epoch: int, base_model: str | None = None) -> dict:
         """The `lora_config` header object, keys in underfit's order; alpha an int when defaulted,
         a float when set (as the dashboard writes it); base_model only when known."""
-        meta = {"rank": self.rank,
-                "alpha": self.rank if self.alpha is None else float(self.alpha),
-                "adapter_type": self.adapter_type,
-                "include": self.include_patterns(),
-                "exclude": self.exclude_patterns(),
-                "step": int(step), "epoch": int(epoch)}
+        meta = {
+            "rank": self.rank,
+            "alpha": self.rank if self.alpha is None else float(self.alpha),
+            "adapter_type": self.adapter_type,
+            "include": self.include_patterns(),
+            "exclude": self.exclude_patterns(),
+            "step": int(step),
+            "epoch": int(epoch),
+        }
         if base_model:
             meta["base_model"] = base_model
         return meta
 
     @classmethod
-    def from_metadata(cls, meta: dict) -> "LoRAConfig":
+    def from_metadata(cls, meta: dict) -> LoRAConfig:
         """From a checkpoint's `lora_config` (after back-fill)."""
         alpha = meta.get("alpha")
         rank = int(meta["rank"])
-        return cls(adapter_type=meta["adapter_type"], rank=rank,
-                   alpha=None if alpha is None or (isinstance(alpha, int) and alpha == rank) else alpha,
-                   include=tuple(meta["include"]) if meta.get("include") else None,
-                   exclude=tuple(meta["exclude"]) if meta.get("exclude") is not None else None)
+        return cls(
+            adapter_type=meta["adapter_type"],
+            rank=rank,
+            alpha=None if alpha is None or (isinstance(alpha, int) and alpha == rank) else alpha,
+            include=tuple(meta["include"]) if meta.get("include") else None,
+            exclude=tuple(meta["exclude"]) if meta.get("exclude") is not None else None,
+        )

@@ -23,8 +23,14 @@ from sa3mlx.lora.bases import layer_bases
 from sa3mlx.lora.checkpoint import KEY_RE, apply_lora, lora_key, read_lora
 from sa3mlx.lora.config import LoRAConfig
 from sa3mlx.lora.layers import AdaptedLayer, LoRAShapeError, wrap
-from sa3mlx.lora.targeting import (AdaptableLayer, adaptable_layers, format_summary, is_selected,
-                                   mlx_module_path, select_layers)
+from sa3mlx.lora.targeting import (
+    AdaptableLayer,
+    adaptable_layers,
+    format_summary,
+    is_selected,
+    mlx_module_path,
+    select_layers,
+)
 from sa3mlx.models.conditioning import Conditioner
 from sa3mlx.models.dit import DiT
 
@@ -36,9 +42,16 @@ def model_layers(dit: DiT, cond: Conditioner) -> list[AdaptableLayer]:
     return adaptable_layers(dit.config, cond.seconds_total_weight.shape[0])
 
 
-def inject_adapters(dit: DiT, cond: Conditioner, lora_config: LoRAConfig,
-                    svd_bases: dict[str, dict[str, np.ndarray]] | None = None, key: mx.array | None = None,
-                    *, materialize: bool = True, announce: bool = True) -> dict[str, AdaptedLayer]:
+def inject_adapters(
+    dit: DiT,
+    cond: Conditioner,
+    lora_config: LoRAConfig,
+    svd_bases: dict[str, dict[str, np.ndarray]] | None = None,
+    key: mx.array | None = None,
+    *,
+    materialize: bool = True,
+    announce: bool = True,
+) -> dict[str, AdaptedLayer]:
     """Wrap the layers `lora_config` selects; returns them by checkpoint name, in order.
 
     `svd_bases` (checkpoint name -> {"U", "V"}, e.g. from the svd stage) feed the -xs types; a
@@ -52,8 +65,9 @@ def inject_adapters(dit: DiT, cond: Conditioner, lora_config: LoRAConfig,
     return layers
 
 
-def _inject(dit: DiT, cond: Conditioner, names: list[str], cfg: LoRAConfig, svd_bases, key,
-            materialize: bool) -> dict[str, AdaptedLayer]:
+def _inject(
+    dit: DiT, cond: Conditioner, names: list[str], cfg: LoRAConfig, svd_bases, key, materialize: bool
+) -> dict[str, AdaptedLayer]:
     keys = mx.random.split(mx.random.key(0) if key is None else key, max(len(names), 2))
     dit.freeze()
     cond.freeze()
@@ -64,8 +78,16 @@ def _inject(dit: DiT, cond: Conditioner, names: list[str], cfg: LoRAConfig, svd_
             raise ValueError(f"{name}: already has an adapter (stacking adapters is not supported)")
         # the Conditioner's own seconds Linear is x@Wᵀ + b, not nn.Linear's addmm
         extra = {"fused_bias": False} if mlx_module_path(name) is None else {}
-        layer = wrap(base, cfg.adapter_type, cfg.rank, cfg.alpha, bases=layer_bases(svd_bases, name, cfg.rank),
-                     key=keys[i], materialize=materialize, **extra)
+        layer = wrap(
+            base,
+            cfg.adapter_type,
+            cfg.rank,
+            cfg.alpha,
+            bases=layer_bases(svd_bases, name, cfg.rank),
+            key=keys[i],
+            materialize=materialize,
+            **extra,
+        )
         _install(dit, cond, name, layer)
         layers[name] = layer
     return layers
@@ -111,8 +133,9 @@ def set_strength(layers: dict[str, AdaptedLayer], strength: float) -> None:
 
 def lora_state(layers: dict[str, AdaptedLayer]) -> dict[str, mx.array]:
     """Adapter tensors (fp32) under their checkpoint keys `<name>.parametrizations.weight.0.<param>`."""
-    return {lora_key(name, param): value for name, layer in layers.items()
-            for param, value in layer.lora_state().items()}
+    return {
+        lora_key(name, param): value for name, layer in layers.items() for param, value in layer.lora_state().items()
+    }
 
 
 def load_lora_state(layers: dict[str, AdaptedLayer], state: dict) -> None:
@@ -124,20 +147,31 @@ def load_lora_state(layers: dict[str, AdaptedLayer], state: dict) -> None:
         if match is None or match.group(2) != "0":
             raise LoRAShapeError(f"'{key}' is not an adapter key '<layer>.parametrizations.weight.0.<param>'")
         name, _, param = match.groups()
-        grouped.setdefault(name, {})[param] = np.asarray(value.astype(mx.float32) if isinstance(value, mx.array)
-                                                         else value, dtype=np.float32)
+        grouped.setdefault(name, {})[param] = np.asarray(
+            value.astype(mx.float32) if isinstance(value, mx.array) else value, dtype=np.float32
+        )
     unknown = sorted(set(grouped) - set(layers))
     if unknown:
-        raise LoRAShapeError(f"adapter state has layers this model has no adapter on: {', '.join(unknown[:3])}"
-                             " (trained for a different base or with other include/exclude?)")
+        raise LoRAShapeError(
+            f"adapter state has layers this model has no adapter on: {', '.join(unknown[:3])}"
+            " (trained for a different base or with other include/exclude?)"
+        )
     for name, layer in layers.items():
         layer.load_lora_state(grouped.get(name, {}), name)
 
 
-def apply_checkpoint(dit: DiT, cond: Conditioner, path: str | Path, strength: float = 1.0, *,
-                     svd_bases: dict[str, dict[str, np.ndarray]] | None = None,
-                     exclude: list[str] | None = None, base_model: str | None = None,
-                     materialize: bool = True, announce: bool = True) -> dict[str, AdaptedLayer]:
+def apply_checkpoint(
+    dit: DiT,
+    cond: Conditioner,
+    path: str | Path,
+    strength: float = 1.0,
+    *,
+    svd_bases: dict[str, dict[str, np.ndarray]] | None = None,
+    exclude: list[str] | None = None,
+    base_model: str | None = None,
+    materialize: bool = True,
+    announce: bool = True,
+) -> dict[str, AdaptedLayer]:
     """Inject the adapters of an SA3 adapter file (its own type, rank, alpha) on exactly the
     layers it holds, load its tensors and set `strength`. `exclude` drops matching layers
     (e.g. ["seconds_total"]); a layer this model lacks or a shape that does not fit is an error
@@ -147,8 +181,9 @@ def apply_checkpoint(dit: DiT, cond: Conditioner, path: str | Path, strength: fl
     known = {layer.name: layer for layer in model_layers(dit, cond)}
     for name in lora.layers:
         if name not in known:
-            raise LoRAShapeError(f"{lora.path}: layer '{name}' is not an adaptable layer of this model "
-                                 "(trained for a different base?)")
+            raise LoRAShapeError(
+                f"{lora.path}: layer '{name}' is not an adaptable layer of this model (trained for a different base?)"
+            )
     names = [name for name in known if name in lora.layers and is_selected(name, None, exclude)]
     layers = _inject(dit, cond, names, cfg, svd_bases, None, materialize)
     lora.layers = {name: lora.layers[name] for name in names}
@@ -162,5 +197,6 @@ def apply_checkpoint(dit: DiT, cond: Conditioner, path: str | Path, strength: fl
 def injected_summary(layers: dict[str, AdaptedLayer], cfg: LoRAConfig) -> str:
     """The summary line (layers, checkpoint keys, trainable parameters) of injected adapters."""
     states = [layer.lora_state() for layer in layers.values()]
-    return format_summary(cfg, len(layers), sum(len(s) for s in states),
-                          sum(v.size for s in states for v in s.values()))
+    return format_summary(
+        cfg, len(layers), sum(len(s) for s in states), sum(v.size for s in states for v in s.values())
+    )

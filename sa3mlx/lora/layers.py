@@ -30,9 +30,17 @@ class LoRAShapeError(ValueError):
 class AdaptedLayer(nn.Module):
     """Common part of LoRALinear and LoRAConv1d; subclasses define the 2-D view and the op."""
 
-    def __init__(self, base: nn.Module, adapter_type: str, rank: int, alpha: float | None = None, *,
-                 bases: dict[str, np.ndarray] | None = None, key: mx.array | None = None,
-                 materialize: bool = True):
+    def __init__(
+        self,
+        base: nn.Module,
+        adapter_type: str,
+        rank: int,
+        alpha: float | None = None,
+        *,
+        bases: dict[str, np.ndarray] | None = None,
+        key: mx.array | None = None,
+        materialize: bool = True,
+    ):
         super().__init__()
         self.weight = base.weight
         if "bias" in base:
@@ -62,8 +70,8 @@ class AdaptedLayer(nn.Module):
         if self.kind.xs:
             if bases is None:
                 bases = svd_bases(np.array(w2.astype(mx.float32)), self.rank)
-            self.U = mx.array(np.asarray(bases["U"])[:, :self.rank], dtype=mx.float32)
-            self.V = mx.array(np.asarray(bases["V"])[:, :self.rank], dtype=mx.float32)
+            self.U = mx.array(np.asarray(bases["U"])[:, : self.rank], dtype=mx.float32)
+            self.V = mx.array(np.asarray(bases["V"])[:, : self.rank], dtype=mx.float32)
             self.M_xs = mx.zeros((self.rank, self.rank), mx.float32)
         else:
             bound = 1.0 / math.sqrt(fan_in)
@@ -100,7 +108,8 @@ class AdaptedLayer(nn.Module):
             if got != shape:
                 raise LoRAShapeError(
                     f"{name}: {param} has shape {got} but this layer ({fan_out}x{fan_in}, rank {self.rank}) "
-                    f"needs {shape} (trained for a different base?)")
+                    f"needs {shape} (trained for a different base?)"
+                )
         for param in expected:
             self[param] = mx.array(np.asarray(state[param], dtype=np.float32))
 
@@ -207,12 +216,20 @@ def wrap(base: nn.Module, *args, **kwargs) -> AdaptedLayer:
     raise TypeError(f"cannot adapt a {type(base).__name__} (only nn.Linear and nn.Conv1d)")
 
 
-def build_adapters(bases: dict[str, nn.Module], adapter_type: str, rank: int, alpha: float | None = None,
-                   *, seed: int = 0, svd: dict[str, dict[str, np.ndarray]] | None = None,
-                   materialize: bool = True) -> dict[str, AdaptedLayer]:
+def build_adapters(
+    bases: dict[str, nn.Module],
+    adapter_type: str,
+    rank: int,
+    alpha: float | None = None,
+    *,
+    seed: int = 0,
+    svd: dict[str, dict[str, np.ndarray]] | None = None,
+    materialize: bool = True,
+) -> dict[str, AdaptedLayer]:
     """Wrap each named base layer (checkpoint-convention names, in order); the A init of layer i
     uses the i-th split of `seed`'s key, so the same seed gives the same adapters."""
     keys = mx.random.split(mx.random.key(seed), max(len(bases), 2))
-    return {name: wrap(layer, adapter_type, rank, alpha, bases=(svd or {}).get(name), key=keys[i],
-                       materialize=materialize)
-            for i, (name, layer) in enumerate(bases.items())}
+    return {
+        name: wrap(layer, adapter_type, rank, alpha, bases=(svd or {}).get(name), key=keys[i], materialize=materialize)
+        for i, (name, layer) in enumerate(bases.items())
+    }

@@ -39,8 +39,9 @@ def low_rank_factors(kind: AdapterKind, p: dict[str, mx.array]) -> tuple[mx.arra
     return p["lora_B"], p["lora_A"]
 
 
-def effective_weight_2d(w2: mx.array, kind: AdapterKind, p: dict[str, mx.array],
-                        scale: float, strength: float) -> mx.array:
+def effective_weight_2d(
+    w2: mx.array, kind: AdapterKind, p: dict[str, mx.array], scale: float, strength: float
+) -> mx.array:
     """The adapted weight (fan_out, fan_in) in the base's compute dtype."""
     dtype = compute_dtype(w2.dtype)
     if kind.directional and strength == 0:
@@ -60,8 +61,9 @@ def effective_weight_2d(w2: mx.array, kind: AdapterKind, p: dict[str, mx.array],
     return v.astype(dtype)
 
 
-def direction_gains(w2: mx.array, kind: AdapterKind, p: dict[str, mx.array], scale: float,
-                    strength: float) -> tuple[mx.array | None, mx.array | None]:
+def direction_gains(
+    w2: mx.array, kind: AdapterKind, p: dict[str, mx.array], scale: float, strength: float
+) -> tuple[mx.array | None, mx.array | None]:
     """(row gain (fan_out,) or None, column gain (fan_in,) or None) such that the DoRA/BoRA weight
     is diag(row)·(W + c·ΔL·ΔR)·diag(col), c = s·λ, from the norm identities (no (out, in) Δ):
     ‖V‖²_row = Σ W² + 2c·rowsum((W Rᵀ) ⊙ L) + c²·rowsum((L R Rᵀ) ⊙ L), and per column with weights q
@@ -71,15 +73,21 @@ def direction_gains(w2: mx.array, kind: AdapterKind, p: dict[str, mx.array], sca
     w = w2.astype(mx.float32)
     row = col = None
     if kind.norm in ("rows", "both"):
-        sq = (mx.sum(w * w, axis=1) + 2 * c * mx.sum((w @ right.T) * left, axis=1)
-              + c * c * mx.sum((left @ (right @ right.T)) * left, axis=1))
+        sq = (
+            mx.sum(w * w, axis=1)
+            + 2 * c * mx.sum((w @ right.T) * left, axis=1)
+            + c * c * mx.sum((left @ (right @ right.T)) * left, axis=1)
+        )
         magnitude = p["magnitude"] if kind.norm == "rows" else p["magnitude_r"]
         row = magnitude / (mx.sqrt(mx.maximum(sq, 0.0)) + NORM_EPS)
     if kind.norm in ("cols", "both"):
         q = mx.ones((w.shape[0],), mx.float32) if row is None else row * row
         ql = left * q[:, None]
-        sq = (q @ (w * w) + 2 * c * mx.sum(right * (ql.T @ w), axis=0)
-              + c * c * mx.sum(right * ((left.T @ ql) @ right), axis=0))
+        sq = (
+            q @ (w * w)
+            + 2 * c * mx.sum(right * (ql.T @ w), axis=0)
+            + c * c * mx.sum(right * ((left.T @ ql) @ right), axis=0)
+        )
         magnitude = p["magnitude"] if kind.norm == "cols" else p["magnitude_c"]
         col = magnitude / (mx.sqrt(mx.maximum(sq, 0.0)) + NORM_EPS)
     return row, col

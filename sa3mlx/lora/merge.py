@@ -14,9 +14,9 @@ They agree at λ = 1 and, for every λ, for plain LoRA and lora-xs. Both write W
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import mlx.core as mx
 import numpy as np
@@ -67,8 +67,9 @@ def _has_weight(base: dict[str, np.ndarray], name: str) -> bool:
         return False
 
 
-def layer_delta(w0_2d: np.ndarray, adapter: LoRAFile, name: str, strength: float, rule: str,
-                bases: dict[str, np.ndarray] | None) -> np.ndarray:
+def layer_delta(
+    w0_2d: np.ndarray, adapter: LoRAFile, name: str, strength: float, rule: str, bases: dict[str, np.ndarray] | None
+) -> np.ndarray:
     """fp32 (fan_out, fan_in) delta of one adapter on one layer under `rule`."""
     cfg = adapter.lora_config
     kind = adapter_kind(cfg.adapter_type)
@@ -77,12 +78,14 @@ def layer_delta(w0_2d: np.ndarray, adapter: LoRAFile, name: str, strength: float
     for param, shape in kind.param_shapes(cfg.rank, fan_out, fan_in).items():
         got = tuple(np.shape(tensors.get(param, ())))
         if got != shape:
-            raise LoRAShapeError(f"{adapter.path}: {name}: {param} has shape {got} but this base layer "
-                                 f"({fan_out}x{fan_in}, rank {cfg.rank}) needs {shape} (trained for a different base?)")
+            raise LoRAShapeError(
+                f"{adapter.path}: {name}: {param} has shape {got} but this base layer "
+                f"({fan_out}x{fan_in}, rank {cfg.rank}) needs {shape} (trained for a different base?)"
+            )
     p = {k: mx.array(v) for k, v in tensors.items()}
     if kind.xs:
-        p["U"] = mx.array(bases["U"][:, :cfg.rank])
-        p["V"] = mx.array(bases["V"][:, :cfg.rank])
+        p["U"] = mx.array(bases["U"][:, : cfg.rank])
+        p["V"] = mx.array(bases["V"][:, : cfg.rank])
     w0 = mx.array(w0_2d)
     if rule == TORCH_SEMANTICS:
         merged = effective_weight_2d(w0, kind, p, cfg.scale, strength)
@@ -93,9 +96,13 @@ def layer_delta(w0_2d: np.ndarray, adapter: LoRAFile, name: str, strength: float
     raise ValueError(f"unknown strength rule '{rule}' (expected '{TORCH_SEMANTICS}' or '{MLX_MERGE_RULE}')")
 
 
-def merge_arrays(base: dict[str, np.ndarray], inputs: list[MergeInput], rule: str = TORCH_SEMANTICS,
-                 svd: dict[str, dict[str, np.ndarray]] | None = None,
-                 say: Callable[[str], None] = print) -> dict[str, np.ndarray]:
+def merge_arrays(
+    base: dict[str, np.ndarray],
+    inputs: list[MergeInput],
+    rule: str = TORCH_SEMANTICS,
+    svd: dict[str, dict[str, np.ndarray]] | None = None,
+    say: Callable[[str], None] = print,
+) -> dict[str, np.ndarray]:
     """base dit.npz arrays + adapters -> merged arrays (every key, every dtype as in `base`)."""
     deltas: dict[str, np.ndarray] = {}
     recomputed = []
@@ -104,8 +111,9 @@ def merge_arrays(base: dict[str, np.ndarray], inputs: list[MergeInput], rule: st
         for name in item.adapter.layers:
             key = npz_weight_key(name)
             if key not in base:
-                raise LoRAShapeError(f"{item.adapter.path}: layer '{name}' ({key}) is not in the base "
-                                     "(trained for a different base?)")
+                raise LoRAShapeError(
+                    f"{item.adapter.path}: layer '{name}' ({key}) is not in the base (trained for a different base?)"
+                )
             w0_2d = mlx_weight_to_2d(base[key].astype(np.float32))
             bases = None
             if xs:
@@ -116,8 +124,10 @@ def merge_arrays(base: dict[str, np.ndarray], inputs: list[MergeInput], rule: st
             delta = layer_delta(w0_2d, item.adapter, name, item.strength, rule, bases)
             deltas[key] = deltas.get(key, 0) + delta
     if recomputed:
-        say(f"-xs: recomputed the SVD bases of {len(recomputed)} layers from the base passed in (no svd file"
-            f"{' entry' if svd else ''} for them); the result matches training only if it used the same bases")
+        say(
+            f"-xs: recomputed the SVD bases of {len(recomputed)} layers from the base passed in (no svd file"
+            f"{' entry' if svd else ''} for them); the result matches training only if it used the same bases"
+        )
     merged = dict(base)
     for key, delta in deltas.items():
         w0 = base[key]
@@ -126,8 +136,14 @@ def merge_arrays(base: dict[str, np.ndarray], inputs: list[MergeInput], rule: st
     return merged
 
 
-def merge_files(base_path: str | Path, loras: list[str], out_path: str | Path, rule: str = TORCH_SEMANTICS,
-                svd_dir: str | Path | None = None, say: Callable[[str], None] = print) -> Path:
+def merge_files(
+    base_path: str | Path,
+    loras: list[str],
+    out_path: str | Path,
+    rule: str = TORCH_SEMANTICS,
+    svd_dir: str | Path | None = None,
+    say: Callable[[str], None] = print,
+) -> Path:
     """`sa3mlx lora merge`: read, merge, write the npz atomically (model_config.json copied beside
     it when the output folder has none, so `load_dit(out)` works as it does on the base)."""
     base_path, out_path = Path(base_path), Path(out_path)
@@ -139,8 +155,10 @@ def merge_files(base_path: str | Path, loras: list[str], out_path: str | Path, r
         path, strength = parse_lora_arg(text)
         adapter = read_adapter(path, base)
         inputs.append(MergeInput(adapter, strength))
-        say(f"{path}: {adapter.config['adapter_type']} rank {adapter.config['rank']} alpha "
-            f"{adapter.config['alpha']:g}, {len(adapter.layers)} layers, strength {strength:g}")
+        say(
+            f"{path}: {adapter.config['adapter_type']} rank {adapter.config['rank']} alpha "
+            f"{adapter.config['alpha']:g}, {len(adapter.layers)} layers, strength {strength:g}"
+        )
     svd = read_bases(svd_dir) if svd_dir is not None else None
     merged = merge_arrays(base, inputs, rule, svd, say)
     save_npz(out_path, merged)

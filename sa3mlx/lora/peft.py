@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -22,8 +22,12 @@ from sa3mlx.lora.targeting import COND_ROOT, DIT_ROOT, checkpoint_name
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
-_PARTS = {".lora_A.weight": "lora_A", ".lora_B.weight": "lora_B",
-          ".lora_magnitude_vector.weight": "magnitude", ".lora_magnitude_vector": "magnitude"}
+_PARTS = {
+    ".lora_A.weight": "lora_A",
+    ".lora_B.weight": "lora_B",
+    ".lora_magnitude_vector.weight": "magnitude",
+    ".lora_magnitude_vector": "magnitude",
+}
 
 
 def is_peft(path: str | Path) -> bool:
@@ -51,8 +55,14 @@ def read_peft(path: str | Path, has_layer: Callable[[str], bool]) -> LoRAFile:
     tensors, _ = read_safetensors(weights)
     layers = _group(weights, tensors, has_layer)
     adapter_type = "dora-rows" if config.get("use_dora") else "lora"
-    meta = {"rank": rank, "alpha": alpha, "adapter_type": adapter_type, "include": None, "exclude": None,
-            "target_modules": config.get("target_modules")}
+    meta = {
+        "rank": rank,
+        "alpha": alpha,
+        "adapter_type": adapter_type,
+        "include": None,
+        "exclude": None,
+        "target_modules": config.get("target_modules"),
+    }
     return LoRAFile(weights, meta, adapter_type, layers)
 
 
@@ -64,8 +74,10 @@ def _group(path: Path, tensors: dict[str, np.ndarray], has_layer) -> dict[str, d
             raise CheckpointError(f"{path}: '{key}' is not a PEFT LoRA key (lora_A / lora_B / magnitude)")
         name = sa3_layer_name(key[: -len(suffix)], has_layer)
         if name is None:
-            raise CheckpointError(f"{path}: PEFT module '{key[: -len(suffix)]}' is not a layer of this base "
-                                  "(trained for a different base?)")
+            raise CheckpointError(
+                f"{path}: PEFT module '{key[: -len(suffix)]}' is not a layer of this base "
+                "(trained for a different base?)"
+            )
         flat = value.reshape(value.shape[0], -1).astype(np.float32)  # conv A (r, in, k) -> (r, in·k)
         layers.setdefault(name, {})[_PARTS[suffix]] = flat.reshape(-1) if _PARTS[suffix] == "magnitude" else flat
     return layers
@@ -75,8 +87,13 @@ def sa3_layer_name(module: str, has_layer) -> str | None:
     """The checkpoint-convention name of a PEFT module path, whichever root it was saved from
     (full SA3 model, the DiT wrapper, the bare DiT, MLX names)."""
     module = module.removeprefix(PEFT_PREFIX)
-    candidates = [module, module.removeprefix("model."), module.removeprefix("conditioner."),
-                  DIT_ROOT + module, COND_ROOT + module]
+    candidates = [
+        module,
+        module.removeprefix("model."),
+        module.removeprefix("conditioner."),
+        DIT_ROOT + module,
+        COND_ROOT + module,
+    ]
     try:
         candidates.append(checkpoint_name(module.removeprefix(DIT_ROOT)))
     except (KeyError, ValueError):

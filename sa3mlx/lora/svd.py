@@ -41,5 +41,8 @@ def canonical_svd(weight_2d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nda
 def svd_bases(weight_2d: np.ndarray, max_rank: int) -> dict[str, np.ndarray]:
     """The top `max_rank` columns of the canonical bases: U (fan_out, r), V (fan_in, r), S (r,)."""
     u, s, v = canonical_svd(weight_2d)
-    return {"U": np.ascontiguousarray(u[:, :max_rank]), "V": np.ascontiguousarray(v[:, :max_rank]),
-            "S": np.ascontiguousarray(s[:max_rank])}
+    return {
+        "U": np.ascontiguousarray(u[:, :max_rank]),
+        "V": np.ascontiguousarray(v[:, :max_rank]),
+        "S": np.ascontiguousarray(s[:max_rank]),
+    }

@@ -9,8 +9,14 @@ import itertools
 import re
 from dataclasses import dataclass
 
-from sa3mlx.convert.dit import (COND_KEYS, COND_PREFIX, dit_key_to_mlx, dit_key_to_torch, torch_cond_shapes,
-                                torch_dit_shapes)
+from sa3mlx.convert.dit import (
+    COND_KEYS,
+    COND_PREFIX,
+    dit_key_to_mlx,
+    dit_key_to_torch,
+    torch_cond_shapes,
+    torch_dit_shapes,
+)
 from sa3mlx.lora.config import LoRAConfig
 from sa3mlx.lora.types import adapter_kind
 from sa3mlx.models.config import DiTConfig
@@ -19,19 +25,35 @@ DIT_ROOT = "model."  # checkpoint names of DiT layers: "model." + torch key with
 COND_ROOT = "conditioners."
 _RANGE = re.compile(r"\[(\d+)-(\d+)\]")
 # torch named_modules() order of the DiT's Linear/Conv1d layers (top level, then per block)
-_TOP_ORDER = ("to_timestep_embed", "to_cond_embed", "to_global_embed", "transformer.layers.",
-              "transformer.project_in", "transformer.project_out", "transformer.global_cond_embedder",
-              "preprocess_conv", "postprocess_conv")
-_BLOCK_ORDER = ("self_attn.to_qkv", "self_attn.to_out", "cross_attn.to_q", "cross_attn.to_kv",
-                "cross_attn.to_out", "ff.ff.0.proj", "ff.ff.2", "to_local_embed.0", "to_local_embed.2")
+_TOP_ORDER = (
+    "to_timestep_embed",
+    "to_cond_embed",
+    "to_global_embed",
+    "transformer.layers.",
+    "transformer.project_in",
+    "transformer.project_out",
+    "transformer.global_cond_embedder",
+    "preprocess_conv",
+    "postprocess_conv",
+)
+_BLOCK_ORDER = (
+    "self_attn.to_qkv",
+    "self_attn.to_out",
+    "cross_attn.to_q",
+    "cross_attn.to_kv",
+    "cross_attn.to_out",
+    "ff.ff.0.proj",
+    "ff.ff.2",
+    "to_local_embed.0",
+    "to_local_embed.2",
+)
 
 
 def expand(pattern: str) -> list[str]:
     """Every `[a-b]` -> a..b inclusive (descending when b < a); several ranges: cartesian product."""
     parts = _RANGE.split(pattern)
     literals, ranges = parts[0::3], list(zip(parts[1::3], parts[2::3]))
-    choices = [range(int(a), int(b) + 1) if int(a) <= int(b) else range(int(a), int(b) - 1, -1)
-               for a, b in ranges]
+    choices = [range(int(a), int(b) + 1) if int(a) <= int(b) else range(int(a), int(b) - 1, -1) for a, b in ranges]
     out = []
     for numbers in itertools.product(*choices):
         text = literals[0]
@@ -67,12 +89,15 @@ class AdaptableLayer:
 
 def adaptable_layers(dit: DiTConfig, cond_dim: int) -> list[AdaptableLayer]:
     """Every Linear/Conv1d of the DiT, then the seconds embedder, in torch named_modules() order."""
-    layers = [_layer(DIT_ROOT + key, shape) for key, shape in torch_dit_shapes(dit).items()
-              if key.endswith(".weight") and len(shape) >= 2]
-    layers.sort(key=lambda layer: _module_rank(layer.name[len(DIT_ROOT):]))
+    layers = [
+        _layer(DIT_ROOT + key, shape)
+        for key, shape in torch_dit_shapes(dit).items()
+        if key.endswith(".weight") and len(shape) >= 2
+    ]
+    layers.sort(key=lambda layer: _module_rank(layer.name[len(DIT_ROOT) :]))
     for key, shape in torch_cond_shapes(cond_dim).items():
         if key.endswith(".weight") and len(shape) >= 2:
-            layers.append(_layer(COND_ROOT + key[len(COND_PREFIX):], shape))
+            layers.append(_layer(COND_ROOT + key[len(COND_PREFIX) :], shape))
     return layers
 
 
@@ -87,7 +112,7 @@ def _module_rank(name: str) -> tuple:
     top = next(i for i, prefix in enumerate(_TOP_ORDER) if name.startswith(prefix))
     if _TOP_ORDER[top] != "transformer.layers.":
         return (top, 0, 0, name)
-    index, _, rest = name[len("transformer.layers."):].partition(".")
+    index, _, rest = name[len("transformer.layers.") :].partition(".")
     return (top, int(index), _BLOCK_ORDER.index(rest), name)
 
 
@@ -96,7 +121,7 @@ def mlx_module_path(name: str) -> str | None:
     None for the seconds embedder, which the MLX conditioner holds as plain arrays."""
     if not name.startswith(DIT_ROOT):
         return None
-    return dit_key_to_mlx(name[len(DIT_ROOT):] + ".weight").removesuffix(".weight")
+    return dit_key_to_mlx(name[len(DIT_ROOT) :] + ".weight").removesuffix(".weight")
 
 
 def npz_weight_key(name: str) -> str:
@@ -133,5 +158,7 @@ def summary_line(layers: list[AdaptableLayer], cfg: LoRAConfig) -> str:
 
 
 def format_summary(cfg: LoRAConfig, n_layers: int, n_keys: int, n_params: int) -> str:
-    return (f"{cfg.adapter_type} rank {cfg.rank} alpha {cfg.resolved_alpha:g}: "
-            f"{n_layers} layers, {n_keys} keys, {n_params:,} parameters")
+    return (
+        f"{cfg.adapter_type} rank {cfg.rank} alpha {cfg.resolved_alpha:g}: "
+        f"{n_layers} layers, {n_keys} keys, {n_params:,} parameters"
+    )

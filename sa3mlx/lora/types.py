@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ADAPTER_TYPES = ("lora", "dora-rows", "dora-cols", "bora",
-                 "lora-xs", "dora-rows-xs", "dora-cols-xs", "bora-xs")
+ADAPTER_TYPES = ("lora", "dora-rows", "dora-cols", "bora", "lora-xs", "dora-rows-xs", "dora-cols-xs", "bora-xs")
 LEGACY_DORA = "dora"
 # Stability's MLX port spells these; they carry no shape information.
 ALIASES = {"dora-xs": "dora-rows-xs", "xs": "lora-xs"}

@@ -18,13 +18,14 @@ from sa3mlx.lora.types import ADAPTER_TYPES, ALIASES, LEGACY_DORA
 
 # underfit's key test (U and V count here even though checkpoints never hold them)
 ADAPTER_KEY_RE = re.compile(
-    r"\.parametrizations\.weight\.\d+\.(lora_A|lora_B|magnitude|magnitude_r|magnitude_c|M_xs|U|V)$")
+    r"\.parametrizations\.weight\.\d+\.(lora_A|lora_B|magnitude|magnitude_r|magnitude_c|M_xs|U|V)$"
+)
 REASONS = {
     "not_found": "file not found",
     "not_safetensors": "not a .safetensors file (.ckpt/.pt/.bin files are pickles and are refused)",
     "unreadable": "not a readable safetensors file",
     "no_adapter_keys": "no LoRA keys found ('<layer>.parametrizations.weight.<i>.lora_A' etc.): "
-                       "this might be a base-model checkpoint or a VAE",
+    "this might be a base-model checkpoint or a VAE",
     "no_lora_config": "no 'lora_config' entry in the safetensors metadata",
     "config_not_json": "the 'lora_config' metadata is not valid JSON",
     "config_not_object": "the 'lora_config' metadata is JSON but not an object",
@@ -66,8 +67,12 @@ def validate(path: str | Path) -> dict:
     except (OSError, CheckpointError) as e:
         return fail("unreadable", str(e))
     adapter_keys = [k for k in entries if ADAPTER_KEY_RE.search(k)]
-    report["partial"] = {"num_keys": len(entries), "sample_keys": list(entries)[:8],
-                         "metadata_keys": list(metadata), "inferred_adapter_type": fingerprint(adapter_keys)}
+    report["partial"] = {
+        "num_keys": len(entries),
+        "sample_keys": list(entries)[:8],
+        "metadata_keys": list(metadata),
+        "inferred_adapter_type": fingerprint(adapter_keys),
+    }
     if not adapter_keys:
         return fail("no_adapter_keys")
     if METADATA_KEY not in metadata:
@@ -100,16 +105,30 @@ def _accept(report: dict, config: dict, entries: dict, adapter_keys: list[str]) 
             name = key[: -len(".lora_A")]
             b = entries.get(name + ".lora_B")
             if b is not None:
-                layers.append({"name": name.rsplit(".parametrizations.", 1)[0],
-                               "fan_in": entries[key]["shape"][1], "fan_out": b["shape"][0]})
+                layers.append(
+                    {
+                        "name": name.rsplit(".parametrizations.", 1)[0],
+                        "fan_in": entries[key]["shape"][1],
+                        "fan_out": b["shape"][0],
+                    }
+                )
     known = config["adapter_type"] in ADAPTER_TYPES + (LEGACY_DORA,) + tuple(ALIASES)
-    report.update(ok=True, config=config, rank=rank, alpha=config["alpha"], adapter_type=config["adapter_type"],
-                  fingerprint=report["partial"]["inferred_adapter_type"], num_layers=len(
-                      {k.rsplit(".parametrizations.", 1)[0] for k in adapter_keys}), layers=layers)
+    report.update(
+        ok=True,
+        config=config,
+        rank=rank,
+        alpha=config["alpha"],
+        adapter_type=config["adapter_type"],
+        fingerprint=report["partial"]["inferred_adapter_type"],
+        num_layers=len({k.rsplit(".parametrizations.", 1)[0] for k in adapter_keys}),
+        layers=layers,
+    )
     notes = []
     if report["fingerprint"] and report["fingerprint"] != config["adapter_type"]:
-        notes.append(f"key fingerprint says {report['fingerprint']}, metadata says {config['adapter_type']} "
-                     "(metadata wins; the fingerprint cannot tell dora-cols or -xs variants apart)")
+        notes.append(
+            f"key fingerprint says {report['fingerprint']}, metadata says {config['adapter_type']} "
+            "(metadata wins; the fingerprint cannot tell dora-cols or -xs variants apart)"
+        )
     if not known:
         notes.append(f"adapter_type '{config['adapter_type']}' is not one the SA3 loaders know")
     if notes:

@@ -54,7 +54,7 @@ class Conditioner(nn.Module):
         self._freqs = mx.array(expo_frequencies(SECONDS_FEATURES))
 
     @classmethod
-    def from_config(cls, cfg: ConditionerConfig) -> "Conditioner":
+    def from_config(cls, cfg: ConditionerConfig) -> Conditioner:
         return cls(cfg.cond_dim, cfg.seconds.min_val, cfg.seconds.max_val)
 
     def normalized_seconds(self, seconds) -> mx.array:
@@ -77,8 +77,9 @@ class Conditioner(nn.Module):
         keep = mx.array(mask).astype(mx.bool_)[..., None]
         return mx.where(keep, hidden, self.padding_embedding.astype(hidden.dtype))
 
-    def assemble(self, prompt_hidden: mx.array, prompt_mask: mx.array, seconds,
-                 local_add_cond: mx.array | None = None) -> DiTInputs:
+    def assemble(
+        self, prompt_hidden: mx.array, prompt_mask: mx.array, seconds, local_add_cond: mx.array | None = None
+    ) -> DiTInputs:
         """Prompt hidden states [B,N,768] + mask [B,N] + seconds [B] -> the DiT's conditioning."""
         prompt = self.apply_padding(prompt_hidden, prompt_mask)
         seconds_token = self.seconds_embedding(seconds).astype(prompt.dtype)
@@ -119,12 +120,13 @@ def negative_tokens(negative_cross_attn_cond: mx.array, negative_mask: mx.array 
 def split_dit_arrays(arrays: dict) -> tuple[dict, dict]:
     """dit.npz arrays -> (DiT arrays, conditioner arrays without the `cond.` prefix)."""
     dit = {k: v for k, v in arrays.items() if not k.startswith(COND_PREFIX)}
-    cond = {k[len(COND_PREFIX):]: v for k, v in arrays.items() if k.startswith(COND_PREFIX)}
+    cond = {k[len(COND_PREFIX) :]: v for k, v in arrays.items() if k.startswith(COND_PREFIX)}
     return dit, cond
 
 
-def build_dit(arrays: dict, config: DiTConfig, conditioner: Conditioner,
-              dtype: mx.Dtype | None = None) -> tuple[DiT, Conditioner]:
+def build_dit(
+    arrays: dict, config: DiTConfig, conditioner: Conditioner, dtype: mx.Dtype | None = None
+) -> tuple[DiT, Conditioner]:
     """Load dit.npz-style arrays (mx or numpy) strictly: every key consumed, none missing, shapes equal."""
     dit_arrays, cond_arrays = split_dit_arrays({k: mx.array(v) for k, v in arrays.items()})
     storage = next(v.dtype for k, v in dit_arrays.items() if not k.endswith(FROZEN_FP32_SUFFIX))
@@ -144,8 +146,9 @@ def build_dit(arrays: dict, config: DiTConfig, conditioner: Conditioner,
     return dit, conditioner
 
 
-def load_dit(path: str | Path, config: ModelConfig | None = None,
-             dtype: mx.Dtype | None = None) -> tuple[DiT, Conditioner]:
+def load_dit(
+    path: str | Path, config: ModelConfig | None = None, dtype: mx.Dtype | None = None
+) -> tuple[DiT, Conditioner]:
     """A converted dit.npz -> (DiT, Conditioner), sizes from `config` or the model_config.json beside it.
 
     dtype None = the device's compute dtype for the stored dtype (fp32 on the CPU).
@@ -154,7 +157,9 @@ def load_dit(path: str | Path, config: ModelConfig | None = None,
     if config is None:
         config_file = path.parent / "model_config.json"
         if not config_file.is_file():
-            raise FileNotFoundError(f"{path}: no model_config.json beside it; pass a config "
-                                    "(e.g. from sa3mlx.convert.model.dit_config_from_weights)")
+            raise FileNotFoundError(
+                f"{path}: no model_config.json beside it; pass a config "
+                "(e.g. from sa3mlx.convert.model.dit_config_from_weights)"
+            )
         config = ModelConfig.load(config_file)
     return build_dit(mx.load(str(path)), config.dit, Conditioner.from_config(config.conditioner), dtype)

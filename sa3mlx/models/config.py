@@ -48,7 +48,7 @@ class DiTConfig:
         return max(self.dim_head // 2, 32)
 
     @classmethod
-    def from_dict(cls, d: dict, where: str = "diffusion.config") -> "DiTConfig":
+    def from_dict(cls, d: dict, where: str = "diffusion.config") -> DiTConfig:
         embed_dim = _need(d, "embed_dim", where)
         mult = d.get("ff_kwargs", {}).get("mult", 4)
         return cls(
@@ -90,12 +90,13 @@ class SameConfig:
         return 3 if self.conv_mapping else 1
 
     @classmethod
-    def from_dict(cls, d: dict, role: str, where: str) -> "SameConfig":
+    def from_dict(cls, d: dict, role: str, where: str) -> SameConfig:
         c = _need(d, "config", where)
         strides, mults = _need(c, "strides", where), _need(c, "c_mults", where)
         if len(strides) != 1 or len(mults) != 1:
-            raise ConfigError(f"{where}: only single-stage SAME codecs (one stride) are supported, "
-                              f"got strides {strides}")
+            raise ConfigError(
+                f"{where}: only single-stage SAME codecs (one stride) are supported, got strides {strides}"
+            )
         width = _need(c, "channels", where) * mults[0]
         window = c.get("sliding_window")
         sinusoidal = c.get("sinusoidal_blocks", [0])
@@ -129,7 +130,7 @@ class AutoencoderConfig:
     noise_regularize: bool
 
     @classmethod
-    def from_dict(cls, d: dict, where: str = "pretransform.config") -> "AutoencoderConfig":
+    def from_dict(cls, d: dict, where: str = "pretransform.config") -> AutoencoderConfig:
         for part in ("encoder", "decoder"):
             if _need(d, part, where).get("type") != "same":
                 raise ConfigError(f"{where}.{part}: only SAME codecs are supported")
@@ -147,7 +148,7 @@ class AutoencoderConfig:
         )
 
     @classmethod
-    def from_standalone(cls, d: dict) -> "AutoencoderConfig":
+    def from_standalone(cls, d: dict) -> AutoencoderConfig:
         """An AE-only config (`model_type: autoencoder`, e.g. stabilityai/SAME-S)."""
         return cls.from_dict(_need(d, "model", "model_config"), "model")
 
@@ -159,10 +160,11 @@ class PromptConfig:
     encoder_path: str  # folder of the T5Gemma encoder, relative to the model folder
 
     @classmethod
-    def from_dict(cls, c: dict) -> "PromptConfig":
+    def from_dict(cls, c: dict) -> PromptConfig:
         path = c.get("model_path") or c.get("subfolder") or "t5gemma-b-b-ul2"
-        return cls(max_length=c.get("max_length", 256), padding_mode=c.get("padding_mode", "learned"),
-                   encoder_path=path)
+        return cls(
+            max_length=c.get("max_length", 256), padding_mode=c.get("padding_mode", "learned"), encoder_path=path
+        )
 
 
 @dataclass(frozen=True)
@@ -178,15 +180,17 @@ class ConditionerConfig:
     seconds: SecondsConfig
 
     @classmethod
-    def from_dict(cls, d: dict, where: str = "conditioning") -> "ConditionerConfig":
+    def from_dict(cls, d: dict, where: str = "conditioning") -> ConditionerConfig:
         by_id = {c["id"]: c for c in _need(d, "configs", where)}
         for cid in ("prompt", "seconds_total"):
             if cid not in by_id:
                 raise ConfigError(f"{where}: no '{cid}' conditioner")
         sec = by_id["seconds_total"].get("config", {})
-        return cls(cond_dim=_need(d, "cond_dim", where),
-                   prompt=PromptConfig.from_dict(by_id["prompt"].get("config", {})),
-                   seconds=SecondsConfig(float(sec.get("min_val", 0)), float(sec.get("max_val", 384))))
+        return cls(
+            cond_dim=_need(d, "cond_dim", where),
+            prompt=PromptConfig.from_dict(by_id["prompt"].get("config", {})),
+            seconds=SecondsConfig(float(sec.get("min_val", 0)), float(sec.get("max_val", 384))),
+        )
 
 
 @dataclass(frozen=True)
@@ -209,7 +213,7 @@ class T5GemmaConfig:
     pad_token_id: int
 
     @classmethod
-    def from_hf(cls, d: dict, where: str = "config.json") -> "T5GemmaConfig":
+    def from_hf(cls, d: dict, where: str = "config.json") -> T5GemmaConfig:
         enc = d.get("encoder", d)
         rope = enc.get("rope_parameters") or {}
         layers = _need(enc, "num_hidden_layers", where)
@@ -231,7 +235,7 @@ class T5GemmaConfig:
         )
 
     @classmethod
-    def load(cls, folder: str | Path) -> "T5GemmaConfig":
+    def load(cls, folder: str | Path) -> T5GemmaConfig:
         path = Path(folder) / "config.json"
         return cls.from_hf(json.loads(path.read_text()), str(path))
 
@@ -263,7 +267,7 @@ class ModelConfig:
         return family + ("-base" if self.objective == "rectified_flow" else "")
 
     @classmethod
-    def from_dict(cls, d: dict, where: str = "model_config.json") -> "ModelConfig":
+    def from_dict(cls, d: dict, where: str = "model_config.json") -> ModelConfig:
         if d.get("model_type") not in ("diffusion_cond", "diffusion_cond_inpaint"):
             raise ConfigError(f"{where}: model_type '{d.get('model_type')}' is not an SA3 diffusion model")
         model = _need(d, "model", where)
@@ -282,7 +286,8 @@ class ModelConfig:
             objective=objective,
             dit=DiTConfig.from_dict(_need(diffusion, "config", f"{where}: diffusion")),
             autoencoder=AutoencoderConfig.from_dict(
-                _need(_need(model, "pretransform", f"{where}: model"), "config", f"{where}: pretransform")),
+                _need(_need(model, "pretransform", f"{where}: model"), "config", f"{where}: pretransform")
+            ),
             conditioner=ConditionerConfig.from_dict(conditioning),
             repo_id=prompt.get("config", {}).get("repo_id"),
             distribution_shift=diffusion.get("distribution_shift_options"),
@@ -292,7 +297,7 @@ class ModelConfig:
         )
 
     @classmethod
-    def load(cls, path: str | Path) -> "ModelConfig":
+    def load(cls, path: str | Path) -> ModelConfig:
         path = Path(path)
         try:
             data = json.loads(path.read_text())

@@ -9,7 +9,7 @@ keys, which live in `conditioning.Conditioner`).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -39,12 +39,20 @@ class ContinuousTransformer(nn.Module):
         self.memory_tokens = mx.zeros((cfg.num_memory_tokens, E))
         self.rotary_pos_emb = RotaryEmbedding(cfg.rope_dim)
         self.global_cond_embedder = [nn.Linear(E, E), None, nn.Linear(E, 6 * E)]
-        self.layers = [TransformerBlock(E, cfg.num_heads, cfg.ff_inner, cfg.local_add_cond_dim, cfg.differential)
-                       for _ in range(cfg.depth)]
+        self.layers = [
+            TransformerBlock(E, cfg.num_heads, cfg.ff_inner, cfg.local_add_cond_dim, cfg.differential)
+            for _ in range(cfg.depth)
+        ]
 
-    def __call__(self, x: mx.array, context: mx.array, global_embed: mx.array,
-                 local_cond: mx.array | None, capture: dict | None = None,
-                 padding_mask: mx.array | None = None) -> mx.array:
+    def __call__(
+        self,
+        x: mx.array,
+        context: mx.array,
+        global_embed: mx.array,
+        local_cond: mx.array | None,
+        capture: dict | None = None,
+        padding_mask: mx.array | None = None,
+    ) -> mx.array:
         """x [B,T,C] -> [B,T,C]; memory tokens first, RoPE positions count them from 0.
         padding_mask [B,T] (True = real): the memory tokens are prepended as valid."""
         B = x.shape[0]
@@ -53,7 +61,7 @@ class ContinuousTransformer(nn.Module):
         h = mx.concatenate([memory, h], axis=1)
         adaln = self.global_cond_embedder[2](nn.silu(self.global_cond_embedder[0](global_embed)))
         rope = self.rotary_pos_emb.tables(h.shape[1])
-        _put(capture, project_in_out=h[:, self.num_memory_tokens:], adaln_cond=adaln)
+        _put(capture, project_in_out=h[:, self.num_memory_tokens :], adaln_cond=adaln)
         key_mask = None
         if padding_mask is not None:
             memory_valid = mx.ones((B, self.num_memory_tokens), dtype=mx.bool_)
@@ -61,7 +69,7 @@ class ContinuousTransformer(nn.Module):
         for i, layer in enumerate(self.layers):
             h = layer(h, context, adaln, rope, local_cond, key_mask)
             _put(capture, **{f"block_{i}_out": h})
-        out = self.project_out(h[:, self.num_memory_tokens:])
+        out = self.project_out(h[:, self.num_memory_tokens :])
         _put(capture, project_out_out=out)
         return out
 
@@ -83,9 +91,16 @@ class DiT(nn.Module):
     def dtype(self) -> mx.Dtype:
         return self.transformer.project_in.weight.dtype
 
-    def __call__(self, x: mx.array, t: mx.array, cross_attn_cond: mx.array, global_cond: mx.array,
-                 local_add_cond: mx.array | None = None, capture: dict | None = None,
-                 padding_mask: mx.array | None = None) -> mx.array:
+    def __call__(
+        self,
+        x: mx.array,
+        t: mx.array,
+        cross_attn_cond: mx.array,
+        global_cond: mx.array,
+        local_add_cond: mx.array | None = None,
+        capture: dict | None = None,
+        padding_mask: mx.array | None = None,
+    ) -> mx.array:
         """Velocity [B,C,T]. `capture`, if given, receives the intermediates of the fixtures.
         `padding_mask` [B,T] (True = real audio; default None = off) zeroes the self-attention
         values at padded frames (the official `mask_padding_attention` without flash-attn)."""
@@ -94,8 +109,7 @@ class DiT(nn.Module):
         t_embed = _run_mlp(self.to_timestep_embed, features.astype(dtype))
         g_proj = _run_mlp(self.to_global_embed, global_cond.astype(dtype))
         context = _run_mlp(self.to_cond_embed, cross_attn_cond.astype(dtype))
-        _put(capture, timestep_features=features, timestep_embed=t_embed, global_embed_proj=g_proj,
-             cond_embed=context)
+        _put(capture, timestep_features=features, timestep_embed=t_embed, global_embed_proj=g_proj, cond_embed=context)
         h = x.astype(dtype).transpose(0, 2, 1)
         h = self.preprocess_conv(h) + h
         local = None if local_add_cond is None else local_add_cond.astype(dtype).transpose(0, 2, 1)

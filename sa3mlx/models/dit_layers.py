@@ -35,7 +35,7 @@ def apply_rope(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
     dtype, rot_dim = x.dtype, cos.shape[-1]
     wide = mx.float64 if dtype == mx.float64 else mx.float32
     rot, rest = x[..., :rot_dim].astype(wide), x[..., rot_dim:]
-    first, second = rot[..., : rot_dim // 2], rot[..., rot_dim // 2:]
+    first, second = rot[..., : rot_dim // 2], rot[..., rot_dim // 2 :]
     rotated = mx.concatenate([-second, first], axis=-1)
     out = (rot * cos + rotated * sin).astype(dtype)
     return mx.concatenate([out, rest], axis=-1) if rest.shape[-1] else out
@@ -156,8 +156,15 @@ class TransformerBlock(nn.Module):
         self.to_local_embed = LocalEmbed(local_dim, dim)
         self.to_scale_shift_gate = mx.zeros((6 * dim,))
 
-    def __call__(self, x: mx.array, context: mx.array, adaln: mx.array, rope,
-                 local_cond: mx.array | None = None, key_mask: mx.array | None = None) -> mx.array:
+    def __call__(
+        self,
+        x: mx.array,
+        context: mx.array,
+        adaln: mx.array,
+        rope,
+        local_cond: mx.array | None = None,
+        key_mask: mx.array | None = None,
+    ) -> mx.array:
         """x [B,M+T,E]; adaln [B,6E] (global_cond_embedder output); local_cond [B,T,C+1] or None;
         key_mask [B,M+T] (True = valid) for the self-attention, or None."""
         modulation = (self.to_scale_shift_gate + adaln)[:, None, :]

@@ -30,8 +30,9 @@ ENCODE_BATCH = 1
 
 
 class PromptEncoder:
-    def __init__(self, encoder: T5GemmaEncoder, tokenizer: PromptTokenizer, weights_id: str,
-                 cache: PromptCache | None = None):
+    def __init__(
+        self, encoder: T5GemmaEncoder, tokenizer: PromptTokenizer, weights_id: str, cache: PromptCache | None = None
+    ):
         self.encoder, self.tokenizer, self.weights_id, self.cache = encoder, tokenizer, weights_id, cache
 
     @property
@@ -39,8 +40,9 @@ class PromptEncoder:
         return self.tokenizer.max_length
 
     @classmethod
-    def from_converted(cls, folder: str | Path, max_length: int | None = None,
-                       cache: PromptCache | None = None) -> "PromptEncoder":
+    def from_converted(
+        cls, folder: str | Path, max_length: int | None = None, cache: PromptCache | None = None
+    ) -> PromptEncoder:
         """A converted model folder (`t5gemma.npz`, `t5gemma/`); max_length from its model_config.json."""
         folder = Path(folder)
         text_dir = folder / TEXT_FOLDER
@@ -66,7 +68,7 @@ class PromptEncoder:
         found = {p: self._lookup(p) for p in dict.fromkeys(prompts)}
         missing = [p for p, entry in found.items() if entry is None]
         for start in range(0, len(missing), ENCODE_BATCH):
-            chunk = missing[start:start + ENCODE_BATCH]
+            chunk = missing[start : start + ENCODE_BATCH]
             tokens = self.tokenizer(chunk)
             hidden = np.array(self.encode_tokens(tokens.input_ids, tokens.attention_mask))
             for row, prompt in enumerate(chunk):

@@ -43,7 +43,7 @@ class Mapping(nn.Module):
             left = (kernel - 1) // 2
             length = x.shape[1]
             padded = mx.pad(x, [(0, 0), (left, kernel - 1 - left), (0, 0)])
-            x = mx.concatenate([padded[:, i:i + length] for i in range(kernel)], axis=-1)
+            x = mx.concatenate([padded[:, i : i + length] for i in range(kernel)], axis=-1)
         return mx.addmm(self.bias, x, self.weight.reshape(cout, -1).T)
 
 
@@ -62,8 +62,10 @@ class ResamplingBlock(nn.Module):
         cin, cout = (cfg.io_channels, D) if role == "encoder" else (D, cfg.io_channels)
         self.mapping = Mapping(cin, cout, cfg.mapping_kernel)
         self.new_tokens = mx.zeros((1, 1, D))
-        self.transformers = [SameBlock(D, cfg.dim_heads, cfg.ff_inner, cfg.depth - i < cfg.sinusoidal_blocks,
-                                       cfg.differential) for i in range(cfg.depth)]
+        self.transformers = [
+            SameBlock(D, cfg.dim_heads, cfg.ff_inner, cfg.depth - i < cfg.sinusoidal_blocks, cfg.differential)
+            for i in range(cfg.depth)
+        ]
         self.cfg, self.role, self.mask_noise = cfg, role, mask_noise
 
     @property
@@ -155,8 +157,12 @@ class SameEncoder(nn.Module):
     def __init__(self, cfg: AutoencoderConfig, mask_noise: float = 0.0):
         super().__init__()
         enc = cfg.encoder
-        self.layers = [ResamplingBlock(enc, "encoder", mask_noise), nn.Identity(),
-                       nn.Linear(enc.width, cfg.latent_dim), nn.Identity()]
+        self.layers = [
+            ResamplingBlock(enc, "encoder", mask_noise),
+            nn.Identity(),
+            nn.Linear(enc.width, cfg.latent_dim),
+            nn.Identity(),
+        ]
         self.bottleneck = SoftNorm(cfg.latent_dim, encode=True)
         self.cfg = cfg
 
@@ -189,8 +195,12 @@ class SameDecoder(nn.Module):
     def __init__(self, cfg: AutoencoderConfig, mask_noise: float = 0.0, noise_regularize: bool = False):
         super().__init__()
         dec = cfg.decoder
-        self.layers = [nn.Identity(), nn.Linear(cfg.latent_dim, dec.width), nn.Identity(),
-                       ResamplingBlock(dec, "decoder", mask_noise)]
+        self.layers = [
+            nn.Identity(),
+            nn.Linear(cfg.latent_dim, dec.width),
+            nn.Identity(),
+            ResamplingBlock(dec, "decoder", mask_noise),
+        ]
         self.bottleneck = SoftNorm(cfg.latent_dim, encode=False)
         self.cfg, self.noise_regularize = cfg, noise_regularize
 
@@ -224,20 +234,20 @@ def load_arrays(module: nn.Module, arrays: dict, source: str) -> nn.Module:
     unexpected = sorted(set(arrays) - set(expected))
     misshaped = sorted(k for k in set(expected) & set(arrays) if tuple(arrays[k].shape) != expected[k].shape)
     if missing or unexpected or misshaped:
-        raise ValueError(f"{source}: weights do not match {type(module).__name__}: "
-                         f"missing {missing[:20]}, unexpected {unexpected[:20]}, mis-shaped {misshaped[:20]}")
+        raise ValueError(
+            f"{source}: weights do not match {type(module).__name__}: "
+            f"missing {missing[:20]}, unexpected {unexpected[:20]}, mis-shaped {misshaped[:20]}"
+        )
     module.load_weights([(k, mx.array(v).astype(mx.float32)) for k, v in arrays.items()], strict=True)
     mx.eval(module.parameters())
     return module
 
 
-def same_encoder_from_arrays(arrays: dict, cfg: AutoencoderConfig, source: str = "arrays",
-                             **noise) -> SameEncoder:
+def same_encoder_from_arrays(arrays: dict, cfg: AutoencoderConfig, source: str = "arrays", **noise) -> SameEncoder:
     return load_arrays(SameEncoder(cfg, **noise), arrays, source)
 
 
-def same_decoder_from_arrays(arrays: dict, cfg: AutoencoderConfig, source: str = "arrays",
-                             **noise) -> SameDecoder:
+def same_decoder_from_arrays(arrays: dict, cfg: AutoencoderConfig, source: str = "arrays", **noise) -> SameDecoder:
     return load_arrays(SameDecoder(cfg, **noise), arrays, source)
 
 

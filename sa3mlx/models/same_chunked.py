@@ -18,7 +18,7 @@ Inputs may be numpy arrays: only one chunk at a time then lives in MLX memory.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import mlx.core as mx
 import numpy as np
@@ -44,7 +44,7 @@ def _stitch(run, starts: list[int], places: list[int], out: np.ndarray, chunk: i
         right = chunk if i == len(starts) - 1 else chunk - half
         piece = run(start)
         mx.eval(piece)
-        out[..., place + left:place + right] = np.asarray(piece[..., left:right])
+        out[..., place + left : place + right] = np.asarray(piece[..., left:right])
     return out
 
 
@@ -65,7 +65,7 @@ def encode_chunked_torch(encoder: SameEncoder, audio, chunk_size: int, overlap: 
     out = np.zeros((audio.shape[0], encoder.cfg.latent_dim, total), np.float32)
 
     def run(start: int) -> mx.array:
-        return encoder(mx.array(audio[..., start:start + span]))
+        return encoder(mx.array(audio[..., start : start + span]))
 
     places = _places([s // per for s in starts], 1, total - chunk_size)
     return mx.array(_stitch(run, starts, places, out, chunk_size, overlap // 2))
@@ -81,7 +81,7 @@ def decode_chunked_torch(decoder: SameDecoder, latents, chunk_size: int, overlap
     out = np.zeros((latents.shape[0], decoder.cfg.audio_channels, total * per), np.float32)
 
     def run(start: int) -> mx.array:
-        return decoder(mx.array(latents[..., start:start + chunk_size]))
+        return decoder(mx.array(latents[..., start : start + chunk_size]))
 
     places = _places(starts, per, (total - chunk_size) * per)
     return mx.array(_stitch(run, starts, places, out, chunk_size * per, (overlap // 2) * per))
@@ -91,8 +91,9 @@ def _check_grid(chunk: int, overlap: int, modulo: int) -> None:
     if not 0 <= overlap < chunk:
         raise ValueError(f"chunk overlap {overlap} must be in [0, chunk={chunk})")
     if chunk % modulo or overlap % modulo:
-        raise ValueError(f"chunk ({chunk}) and overlap ({overlap}) must be multiples of the codec's "
-                         f"latent modulo {modulo}")
+        raise ValueError(
+            f"chunk ({chunk}) and overlap ({overlap}) must be multiples of the codec's latent modulo {modulo}"
+        )
 
 
 def latent_mask(valid_samples: int | Sequence[int], count: int, samples_per_latent: int) -> np.ndarray:
@@ -102,8 +103,9 @@ def latent_mask(valid_samples: int | Sequence[int], count: int, samples_per_late
     return np.arange(count)[None, :] < lengths[:, None]
 
 
-def encode_long(encoder: SameEncoder, audio, chunk: int = 128, overlap: int = 32,
-                valid_samples: int | Sequence[int] | None = None) -> tuple[mx.array, np.ndarray]:
+def encode_long(
+    encoder: SameEncoder, audio, chunk: int = 128, overlap: int = 32, valid_samples: int | Sequence[int] | None = None
+) -> tuple[mx.array, np.ndarray]:
     """Production encode: (latents [B, latent_dim, n], mask [B, n]), n = the unchunked count."""
     per, modulo = encoder.samples_per_latent, encoder.latent_modulo
     _check_grid(chunk, overlap, modulo)
@@ -117,7 +119,7 @@ def encode_long(encoder: SameEncoder, audio, chunk: int = 128, overlap: int = 32
     out = np.zeros((audio.shape[0], encoder.cfg.latent_dim, total), np.float32)
 
     def run(start: int) -> mx.array:  # a short last slice is zero padded: as if padded first
-        return encoder(mx.array(audio[..., start * per:(start + chunk) * per]))
+        return encoder(mx.array(audio[..., start * per : (start + chunk) * per]))
 
     places = _places(starts, 1, total - chunk)
     return mx.array(_stitch(run, starts, places, out, chunk, overlap // 2)), mask
@@ -130,13 +132,13 @@ def decode_long(decoder: SameDecoder, latents, chunk: int = 128, overlap: int = 
     count = latents.shape[-1]
     total = -(-count // modulo) * modulo  # the decoder pads to this in D space
     if total <= chunk:
-        return decoder(mx.array(latents))[..., :count * per]
+        return decoder(mx.array(latents))[..., : count * per]
     starts = chunk_starts(total, chunk, chunk - overlap)
     out = np.zeros((latents.shape[0], decoder.cfg.audio_channels, total * per), np.float32)
 
     def run(start: int) -> mx.array:  # a short last chunk is padded in D space, as unchunked
-        return decoder(mx.array(latents[..., start:min(start + chunk, count)]))
+        return decoder(mx.array(latents[..., start : min(start + chunk, count)]))
 
     places = _places(starts, per, (total - chunk) * per)
     audio = _stitch(run, starts, places, out, chunk * per, (overlap // 2) * per)
-    return mx.array(audio[..., :count * per])
+    return mx.array(audio[..., : count * per])

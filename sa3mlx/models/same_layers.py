@@ -41,12 +41,13 @@ class Rope(nn.Module):
         n, half = x.shape[-2], self.inv_freq.shape[0]
         angles = mx.arange(n, dtype=mx.float32)[:, None] * self.inv_freq[None, :]
         cos, sin = mx.cos(angles), mx.sin(angles)
-        x1, x2, rest = x[..., :half], x[..., half:2 * half], x[..., 2 * half:]
+        x1, x2, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
         return mx.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], axis=-1)
 
 
-def band_attention(q: mx.array, k: mx.array, v: mx.array, left: int, right: int,
-                   scale: float, block: int = 64) -> mx.array:
+def band_attention(
+    q: mx.array, k: mx.array, v: mx.array, left: int, right: int, scale: float, block: int = 64
+) -> mx.array:
     """Exact attention where query i sees keys j with -left <= j - i <= right; [B, H, N, dh].
 
     Queries run in blocks of `block`, each against its keys plus a left/right halo, so
@@ -64,8 +65,9 @@ def band_attention(q: mx.array, k: mx.array, v: mx.array, left: int, right: int,
         return t.transpose(0, 2, 1, 3, 4).reshape(B * nb, H, width, dh)
 
     blocks = q.reshape(B, H, nb, block, dh).transpose(0, 2, 1, 3, 4).reshape(B * nb, H, block, dh)
-    mask = mx.broadcast_to(_band_mask(N, nb, block, left, right)[None],
-                           (B, nb, 1, block, width)).reshape(B * nb, 1, block, width)
+    mask = mx.broadcast_to(_band_mask(N, nb, block, left, right)[None], (B, nb, 1, block, width)).reshape(
+        B * nb, 1, block, width
+    )
     out = mx.fast.scaled_dot_product_attention(blocks, windows(k), windows(v), scale=scale, mask=mask)
     out = out.reshape(B, nb, H, block, dh).transpose(0, 2, 1, 3, 4).reshape(B, H, nb * block, dh)
     return out[:, :, :N]

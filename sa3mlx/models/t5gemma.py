@@ -42,7 +42,7 @@ class SelfAttention(nn.Module):
         self.k_proj = nn.Linear(H, cfg.num_kv_heads * D, bias=False)
         self.v_proj = nn.Linear(H, cfg.num_kv_heads * D, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * D, H, bias=False)
-        self.scale = cfg.query_pre_attn_scalar ** -0.5
+        self.scale = cfg.query_pre_attn_scalar**-0.5
         self.softcap = cfg.attn_logit_softcapping
         self.rope_theta = cfg.rope_theta
         self.window = cfg.sliding_window if sliding else None
@@ -115,7 +115,7 @@ class T5GemmaEncoder(nn.Module):
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = [EncoderLayer(cfg, kind == SLIDING) for kind in cfg.layer_types[:cfg.num_layers]]
+        self.layers = [EncoderLayer(cfg, kind == SLIDING) for kind in cfg.layer_types[: cfg.num_layers]]
         self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     @property
@@ -123,8 +123,7 @@ class T5GemmaEncoder(nn.Module):
         """The compute dtype (the embedding table may stay in its storage dtype)."""
         return self.norm.weight.dtype
 
-    def __call__(self, input_ids: mx.array, attention_mask: mx.array | None = None,
-                 output_hidden_states: bool = False):
+    def __call__(self, input_ids: mx.array, attention_mask: mx.array | None = None, output_hidden_states: bool = False):
         """input_ids [B,L] int; attention_mask [B,L] (nonzero = real token; None = all real).
 
         Returns last_hidden_state [B,L,H], or (last_hidden_state, hidden_states) where
@@ -148,7 +147,7 @@ class T5GemmaEncoder(nn.Module):
         states[-1] = h
         return h, states
 
-    def cast_for_compute(self, storage: mx.Dtype) -> "T5GemmaEncoder":
+    def cast_for_compute(self, storage: mx.Dtype) -> T5GemmaEncoder:
         """Cast every weight but the embedding table to the compute dtype of `storage` on this device.
 
         The table (the bulk of the model: 256k×768) stays in storage; looked-up rows are cast,

@@ -31,19 +31,24 @@ class PromptTokenizer:
         self.backend, self.max_length, self.pad_id, self.name = backend, max_length, pad_id, name
 
     @classmethod
-    def from_folder(cls, folder: str | Path, max_length: int, pad_id: int) -> "PromptTokenizer":
+    def from_folder(cls, folder: str | Path, max_length: int, pad_id: int) -> PromptTokenizer:
         folder = Path(folder)
         if max_length < 1:
             raise TokenizerError(f"max_length must be positive, got {max_length}")
         sides = _sides(folder)
         if (folder / "tokenizer.json").is_file():
-            return cls(_HFJsonBackend(folder / "tokenizer.json", max_length, pad_id, **sides),
-                       max_length, pad_id, str(folder / "tokenizer.json"))
+            return cls(
+                _HFJsonBackend(folder / "tokenizer.json", max_length, pad_id, **sides),
+                max_length,
+                pad_id,
+                str(folder / "tokenizer.json"),
+            )
         if (folder / "tokenizer.model").is_file():
             if sides["padding_side"] != "right" or sides["truncation_side"] != "right":
                 raise TokenizerError(f"{folder}: only right padding/truncation is supported for tokenizer.model")
-            return cls(_SentencePieceBackend(folder / "tokenizer.model"), max_length, pad_id,
-                       str(folder / "tokenizer.model"))
+            return cls(
+                _SentencePieceBackend(folder / "tokenizer.model"), max_length, pad_id, str(folder / "tokenizer.model")
+            )
         raise TokenizerError(f"{folder}: no tokenizer.json or tokenizer.model")
 
     def __call__(self, prompts: list[str] | str) -> Tokens:
@@ -63,8 +68,7 @@ class PromptTokenizer:
 def _sides(folder: Path) -> dict[str, str]:
     config = folder / "tokenizer_config.json"
     data = json.loads(config.read_text()) if config.is_file() else {}
-    return {"padding_side": data.get("padding_side", "right"),
-            "truncation_side": data.get("truncation_side", "right")}
+    return {"padding_side": data.get("padding_side", "right"), "truncation_side": data.get("truncation_side", "right")}
 
 
 def _fit(ids, mask, length: int, pad_id: int):
@@ -84,10 +88,10 @@ class _HFJsonBackend:
         pad_token = self.tok.id_to_token(pad_id)
         if pad_token is None:
             raise TokenizerError(f"{path}: pad id {pad_id} is not in the vocabulary")
-        self.tok.enable_truncation(max_length=max_length, stride=0, strategy="longest_first",
-                                   direction=truncation_side)
-        self.tok.enable_padding(direction=padding_side, pad_id=pad_id, pad_type_id=0,
-                                pad_token=pad_token, length=max_length)
+        self.tok.enable_truncation(max_length=max_length, stride=0, strategy="longest_first", direction=truncation_side)
+        self.tok.enable_padding(
+            direction=padding_side, pad_id=pad_id, pad_type_id=0, pad_token=pad_token, length=max_length
+        )
 
     def encode(self, prompt: str):
         enc = self.tok.encode(prompt, add_special_tokens=True)
@@ -103,7 +107,8 @@ class _SentencePieceBackend:
         except ImportError:
             raise TokenizerError(
                 f"{path.parent}: only tokenizer.model is present and the optional `sentencepiece` package "
-                "is not installed; add the folder's tokenizer.json, or `pip install sentencepiece`") from None
+                "is not installed; add the folder's tokenizer.json, or `pip install sentencepiece`"
+            ) from None
         self.sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
 
     def encode(self, prompt: str):

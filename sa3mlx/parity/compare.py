@@ -23,7 +23,7 @@ def psnr_db(reference: np.ndarray, result: np.ndarray) -> float:
     """20*log10(max|ref| / RMSE); inf when identical."""
     ref = np.asarray(reference, dtype=np.float64)
     diff = ref - np.asarray(result, dtype=np.float64)
-    rmse = math.sqrt(float(np.mean(diff ** 2))) if diff.size else 0.0
+    rmse = math.sqrt(float(np.mean(diff**2))) if diff.size else 0.0
     if rmse == 0.0:
         return math.inf
     peak = float(np.max(np.abs(ref)))
@@ -43,8 +43,9 @@ def compare(key: str, reference, result) -> Comparison:
         return Comparison(key, delta, math.inf if same else -math.inf, True)
     delta = np.abs(reference.astype(np.float64) - result.astype(np.float64))
     finite = bool(np.all(np.isfinite(result)))
-    return Comparison(key, float(delta.max()) if delta.size else 0.0,
-                      psnr_db(reference, result) if finite else -math.inf, False)
+    return Comparison(
+        key, float(delta.max()) if delta.size else 0.0, psnr_db(reference, result) if finite else -math.inf, False
+    )
 
 
 def _plain(value):

@@ -26,7 +26,7 @@ def conditioner_weights(fixture: Fixture) -> dict[str, mx.array]:
     """The `cond.*` arrays (without prefix) of the checkpoint the end-to-end group names."""
     source = fixture.inputs(FILE, "end_to_end")["weights"].split(":")[0]
     state, _ = read_safetensors(fixture.path(source))
-    return {COND_KEYS[k][len(COND_PREFIX):]: mx.array(v) for k, v in state.items() if k in COND_KEYS}
+    return {COND_KEYS[k][len(COND_PREFIX) :]: mx.array(v) for k, v in state.items() if k in COND_KEYS}
 
 
 def make_conditioner(weights: dict, cond_dim: int, min_val: float, max_val: float) -> Conditioner:
@@ -41,9 +41,11 @@ def _seconds_groups(fixture: Fixture, weights: dict) -> dict[str, np.ndarray]:
         params = fixture.params(FILE, group)
         cond = make_conditioner(weights, params.get("output_dim", 768), params["min_val"], params["max_val"])
         seconds = fixture.load(fixture.inputs(FILE, group)["seconds"].split()[0])
-        value = {"seconds_clamped_normalized": cond.normalized_seconds,
-                 "seconds_fourier_features": cond.seconds_features,
-                 "seconds_embedding": cond.seconds_embedding}[group](seconds)
+        value = {
+            "seconds_clamped_normalized": cond.normalized_seconds,
+            "seconds_fourier_features": cond.seconds_features,
+            "seconds_embedding": cond.seconds_embedding,
+        }[group](seconds)
         out[group] = np.array(value)
     params = fixture.params(FILE, "seconds_expo_freqs")
     out["seconds_expo_freqs"] = expo_frequencies(params["fourier_dim"], params["min_freq"], params["max_freq"])
@@ -63,8 +65,11 @@ def _end_to_end(fixture: Fixture, cond: Conditioner) -> dict[str, np.ndarray]:
     seconds = fixture.load(refs["seconds_total"])
     hidden = prompt_hidden_states(fixture, ids, mask)
     inputs = cond.assemble(mx.array(hidden), mx.array(mask), seconds)
-    return {"global_cond": np.array(inputs.global_cond), "cross_attn_mask": np.array(inputs.cross_attn_mask),
-            "cross_attn_cond": np.array(inputs.cross_attn_cond)}
+    return {
+        "global_cond": np.array(inputs.global_cond),
+        "cross_attn_mask": np.array(inputs.cross_attn_mask),
+        "cross_attn_cond": np.array(inputs.cross_attn_cond),
+    }
 
 
 def _prompt_groups(fixture: Fixture, cond: Conditioner) -> dict[str, np.ndarray]:
@@ -78,8 +83,7 @@ def _prompt_groups(fixture: Fixture, cond: Conditioner) -> dict[str, np.ndarray]
 @register("conditioner")
 def run(fixture: Fixture) -> dict[str, dict[str, np.ndarray]]:
     params, weights = fixture.params(FILE, "end_to_end"), conditioner_weights(fixture)
-    cond = make_conditioner(weights, params["seconds_output_dim"], params["seconds_min_val"],
-                            params["seconds_max_val"])
+    cond = make_conditioner(weights, params["seconds_output_dim"], params["seconds_min_val"], params["seconds_max_val"])
     out = _seconds_groups(fixture, weights)
     out["apply_padding_out"] = _apply_padding(fixture, cond)
     out.update(_prompt_groups(fixture, cond))

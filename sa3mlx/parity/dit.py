@@ -26,24 +26,30 @@ def load_fixture_dit(fixture: Fixture, file: str):
     config = ModelConfig.load(fixture.path(refs["config"]))
     state, _ = read_safetensors(fixture.path(refs["weights"]))
     dit, cond, _ = split_sa3_state(state)
-    return build_dit(dit_to_mlx(dit, cond), config.dit, Conditioner.from_config(config.conditioner),
-                     mx.float32)
+    return build_dit(dit_to_mlx(dit, cond), config.dit, Conditioner.from_config(config.conditioner), mx.float32)
 
 
 def _arrays(fixture: Fixture, file: str, group: str) -> dict[str, mx.array]:
     """The group's inputs that name an array (`file.npz:key`); free-text entries are skipped."""
-    return {name: mx.array(fixture.load(ref)) for name, ref in fixture.inputs(file, group).items()
-            if _ARRAY_REF.fullmatch(ref)}
+    return {
+        name: mx.array(fixture.load(ref))
+        for name, ref in fixture.inputs(file, group).items()
+        if _ARRAY_REF.fullmatch(ref)
+    }
 
 
 def _velocity(dit, arrays: dict, params: dict) -> GuidedVelocity:
     inputs = DiTInputs(arrays["cross_attn_cond"], arrays["global_cond"], arrays.get("local_add_cond"))
     negative = params.get("uncond_cross_attn_cond", "zeros") == "negative"
     return GuidedVelocity(
-        dit, inputs, cfg_scale=params.get("cfg_scale", 1.0), apg_scale=params.get("apg_scale", 1.0),
+        dit,
+        inputs,
+        cfg_scale=params.get("cfg_scale", 1.0),
+        apg_scale=params.get("apg_scale", 1.0),
         negative_cross_attn_cond=arrays["negative_cross_attn_cond"] if negative else None,
         negative_mask=arrays.get("negative_cross_attn_mask") if negative else None,
-        cfg_interval=tuple(params.get("cfg_interval", (0.0, 1.0))))
+        cfg_interval=tuple(params.get("cfg_interval", (0.0, 1.0))),
+    )
 
 
 def _sampler_name(fixture: Fixture, file: str, group: str) -> str | None:
@@ -77,8 +83,14 @@ def _intermediates(fixture: Fixture, dit) -> dict[str, np.ndarray]:
             out["expo_freqs"] = expo_frequencies(params["dim"], params["min_freq"], params["max_freq"])
             continue
         arrays, capture = _arrays(fixture, file, group), {}
-        dit(arrays["x"], arrays["t"], arrays["cross_attn_cond"], arrays["global_cond"],
-            arrays.get("local_add_cond"), capture=capture)
+        dit(
+            arrays["x"],
+            arrays["t"],
+            arrays["cross_attn_cond"],
+            arrays["global_cond"],
+            arrays.get("local_add_cond"),
+            capture=capture,
+        )
         out.update({key: np.array(capture[key]) for key in spec["keys"]})
     return out
 

@@ -37,8 +37,11 @@ def run(fixture: Fixture, materialize: bool = True) -> dict[str, dict]:
     outputs["dit_lora_layers.json"] = dit_lora_layers(fixture)
     if DIT_FILE in fixture.expected_files():
         outputs[DIT_FILE] = dit_outputs(fixture, materialize)
-    failed = [f"{key} ({c.psnr_db:.1f} dB)" for key, c in extra_checks(fixture, materialize)
-              if not c.passes(THRESHOLDS_DB["lora"])]
+    failed = [
+        f"{key} ({c.psnr_db:.1f} dB)"
+        for key, c in extra_checks(fixture, materialize)
+        if not c.passes(THRESHOLDS_DB["lora"])
+    ]
     if failed:
         raise ParityError(f"{fixture.dir}: extra_checks failed: {', '.join(failed)}")
     return outputs
@@ -50,9 +53,16 @@ def base_layers(fixture: Fixture, file: str, group: str | None = None) -> dict[s
     weights = fixture.load(fixture.inputs(file, group)["base_weights"])
     lin, conv = params["linear"], params["conv"]
     linear = nn.Linear(lin["in_features"], lin["out_features"], bias=lin["bias"])
-    conv1d = nn.Conv1d(conv["in_channels"], conv["out_channels"], conv["kernel_size"], stride=conv["stride"],
-                       padding=conv["padding"], dilation=conv["dilation"], groups=conv["groups"],
-                       bias=conv["bias"])
+    conv1d = nn.Conv1d(
+        conv["in_channels"],
+        conv["out_channels"],
+        conv["kernel_size"],
+        stride=conv["stride"],
+        padding=conv["padding"],
+        dilation=conv["dilation"],
+        groups=conv["groups"],
+        bias=conv["bias"],
+    )
     for name, layer in ((lin["name"], linear), (conv["name"], conv1d)):
         for param in ("weight", "bias"):
             key = f"{name}.{param}"
@@ -66,8 +76,10 @@ def base_outputs(fixture: Fixture) -> dict[str, np.ndarray]:
     file = "layer_inputs.npz"
     layers = base_layers(fixture, file, "base_outputs")
     inputs = fixture.inputs(file, "base_outputs")
-    return {"y_linear_base": _run_linear(layers["linear"], fixture.load(inputs["x_linear"])),
-            "y_conv_base": _run_conv(layers["conv"], fixture.load(inputs["x_conv"]))}
+    return {
+        "y_linear_base": _run_linear(layers["linear"], fixture.load(inputs["x_linear"])),
+        "y_conv_base": _run_conv(layers["conv"], fixture.load(inputs["x_conv"])),
+    }
 
 
 def adapted_layers(fixture: Fixture, file: str, adapters: str, materialize: bool) -> dict[str, AdaptedLayer]:
@@ -97,15 +109,18 @@ def layer_outputs(fixture: Fixture, file: str, materialize: bool = True) -> dict
     return out
 
 
-def strength_outputs(fixture: Fixture, inputs: dict, layers: dict[str, AdaptedLayer], strength: float,
-                     suffix: str) -> dict[str, np.ndarray]:
+def strength_outputs(
+    fixture: Fixture, inputs: dict, layers: dict[str, AdaptedLayer], strength: float, suffix: str
+) -> dict[str, np.ndarray]:
     for layer in layers.values():
         layer.strength = strength
     conv_w = np.array(layers["conv"].effective_weight()).transpose(0, 2, 1)  # MLX (out,k,in) -> torch
-    return {f"y_linear_{suffix}": _run_linear(layers["linear"], fixture.load(inputs["x_linear"])),
-            f"W_linear_{suffix}": np.array(layers["linear"].effective_weight()),
-            f"y_conv_{suffix}": _run_conv(layers["conv"], fixture.load(inputs["x_conv"])),
-            f"W_conv_{suffix}": conv_w}
+    return {
+        f"y_linear_{suffix}": _run_linear(layers["linear"], fixture.load(inputs["x_linear"])),
+        f"W_linear_{suffix}": np.array(layers["linear"].effective_weight()),
+        f"y_conv_{suffix}": _run_conv(layers["conv"], fixture.load(inputs["x_conv"])),
+        f"W_conv_{suffix}": conv_w,
+    }
 
 
 def svd_outputs(fixture: Fixture, file: str) -> dict[str, np.ndarray]:
@@ -145,8 +160,11 @@ def include_exclude_examples(fixture: Fixture) -> dict:
     return {
         "expand": {p: expand(p) for p in patterns},
         "matches_any": [{"name": n, **{col: matches_any(n, ps) for col, ps in columns.items()}} for n in names],
-        "substring_semantics": [{"patterns": ps, "name": n, "matches": matches_any(n, ps)}
-                                for ps in semantics["pattern_lists"] for n in semantics["names"]],
+        "substring_semantics": [
+            {"patterns": ps, "name": n, "matches": matches_any(n, ps)}
+            for ps in semantics["pattern_lists"]
+            for n in semantics["names"]
+        ],
     }
 
 
@@ -154,8 +172,13 @@ def dit_lora_layers(fixture: Fixture) -> dict:
     file = "dit_lora_layers.json"
     params = fixture.params(file)
     model = ModelConfig.load(fixture.path(fixture.inputs(file, "adapted_layers")["model"]))
-    cfg = LoRAConfig(adapter_type=params["adapter_type"], rank=params["rank"], alpha=params["alpha"],
-                     include=params["include"], exclude=params["exclude"])
+    cfg = LoRAConfig(
+        adapter_type=params["adapter_type"],
+        rank=params["rank"],
+        alpha=params["alpha"],
+        include=params["include"],
+        exclude=params["exclude"],
+    )
     chosen = select_layers(adaptable_layers(model.dit, model.conditioner.cond_dim), cfg)
     return {"adapted_layers": [layer.name for layer in chosen], "count": len(chosen)}
 
@@ -170,8 +193,13 @@ def _run_conv(layer: nn.Module, x: np.ndarray) -> np.ndarray:
 
 
 def _lora_config(params: dict) -> LoRAConfig:
-    return LoRAConfig(adapter_type=params["adapter_type"], rank=params["rank"], alpha=params["alpha"],
-                      include=params["include"], exclude=params["exclude"])
+    return LoRAConfig(
+        adapter_type=params["adapter_type"],
+        rank=params["rank"],
+        alpha=params["alpha"],
+        include=params["include"],
+        exclude=params["exclude"],
+    )
 
 
 def adapted_fixture_dit(fixture: Fixture, materialize: bool = True):
@@ -185,8 +213,9 @@ def adapted_fixture_dit(fixture: Fixture, materialize: bool = True):
     config = ModelConfig.load(fixture.path(refs["config"]))
     state, _ = read_safetensors(fixture.path(refs["base_weights"]))
     dit_state, cond_state, _ = split_sa3_state(state)
-    dit, cond = build_dit(dit_to_mlx(dit_state, cond_state), config.dit, Conditioner.from_config(config.conditioner),
-                          mx.float32)
+    dit, cond = build_dit(
+        dit_to_mlx(dit_state, cond_state), config.dit, Conditioner.from_config(config.conditioner), mx.float32
+    )
     layers = inject_adapters(dit, cond, _lora_config(params), materialize=materialize, announce=False)
     apply_lora(read_lora(fixture.path(refs["adapters"])), layers)  # like load_state_dict(strict=False)
     return dit, cond, layers
@@ -199,18 +228,31 @@ def dit_outputs(fixture: Fixture, materialize: bool = True) -> dict[str, np.ndar
         inputs, params = fixture.inputs(DIT_FILE, group), fixture.params(DIT_FILE, group)
         set_strength(layers, params["lora_strength"])
         if "cross_attn_cond" in inputs:  # DiT only, base conditioning tensors
-            values = [_dit_velocity(fixture, dit, layers, inputs, params, fixture.load(inputs["cross_attn_cond"]),
-                                    fixture.load(inputs["global_cond"]))]
+            values = [
+                _dit_velocity(
+                    fixture,
+                    dit,
+                    layers,
+                    inputs,
+                    params,
+                    fixture.load(inputs["cross_attn_cond"]),
+                    fixture.load(inputs["global_cond"]),
+                )
+            ]
         else:
             conditioning = _adapted_conditioning(fixture, cond, group, inputs, hidden)
-            values = conditioning if "x" not in inputs else [
-                _dit_velocity(fixture, dit, layers, inputs, params, *conditioning)]
+            values = (
+                conditioning
+                if "x" not in inputs
+                else [_dit_velocity(fixture, dit, layers, inputs, params, *conditioning)]
+            )
         out.update(zip(spec["keys"], values))
     return out
 
 
-def _adapted_conditioning(fixture: Fixture, cond: Conditioner, group: str, inputs: dict,
-                          cache: dict) -> list[np.ndarray]:
+def _adapted_conditioning(
+    fixture: Fixture, cond: Conditioner, group: str, inputs: dict, cache: dict
+) -> list[np.ndarray]:
     """[cross_attn_cond, global_cond] assembled by the (adapted) conditioner."""
     ids = fixture.load(inputs["prompt_input_ids"])
     mask = fixture.load(inputs["prompt_attention_mask"]).astype(bool)
@@ -221,13 +263,19 @@ def _adapted_conditioning(fixture: Fixture, cond: Conditioner, group: str, input
     return [np.array(assembled.cross_attn_cond), np.array(assembled.global_cond)]
 
 
-def _dit_velocity(fixture: Fixture, dit, layers: dict, inputs: dict, params: dict, cross_attn_cond,
-                  global_cond) -> np.ndarray:
+def _dit_velocity(
+    fixture: Fixture, dit, layers: dict, inputs: dict, params: dict, cross_attn_cond, global_cond
+) -> np.ndarray:
     t = fixture.load(inputs["t"])
     low, high = params.get("lora_interval", (0.0, 1.0))
     if not low <= float(t[0]) <= high:  # the official forward disables every adapter: W itself
         set_strength(layers, 0.0)
-    v = dit(mx.array(fixture.load(inputs["x"])), mx.array(t), mx.array(cross_attn_cond), mx.array(global_cond),
-            mx.array(fixture.load(inputs["local_add_cond"])))
+    v = dit(
+        mx.array(fixture.load(inputs["x"])),
+        mx.array(t),
+        mx.array(cross_attn_cond),
+        mx.array(global_cond),
+        mx.array(fixture.load(inputs["local_add_cond"])),
+    )
     set_strength(layers, params["lora_strength"])
     return np.array(v)

@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from collections.abc import Callable
 
 # kind -> minimum PSNR (dB) every compared output must reach
 THRESHOLDS_DB = {
-    "dit": 75.0, "conditioner": 75.0, "schedules": 75.0, "t5gemma": 75.0,
-    "same": 60.0, "lora": 85.0, "train_step": 60.0,
+    "dit": 75.0,
+    "conditioner": 75.0,
+    "schedules": 75.0,
+    "t5gemma": 75.0,
+    "same": 60.0,
+    "lora": 85.0,
+    "train_step": 60.0,
 }
 # kind -> the fixture folders it recomputes (under tests/fixtures/ by default)
 FOLDERS = {
-    "dit": ("dit_small", "dit_medium"), "conditioner": ("conditioner",), "schedules": ("schedules",),
-    "t5gemma": ("t5gemma",), "same": ("same",), "lora": ("lora",), "train_step": ("train_step",),
+    "dit": ("dit_small", "dit_medium"),
+    "conditioner": ("conditioner",),
+    "schedules": ("schedules",),
+    "t5gemma": ("t5gemma",),
+    "same": ("same",),
+    "lora": ("lora",),
+    "train_step": ("train_step",),
 }
 # runner(fixture) -> {expected file name: {key: array or JSON value}}
 RUNNERS: dict[str, Callable] = {}
@@ -25,9 +35,11 @@ class ParityError(RuntimeError):
 
 def register(kind: str):
     """Decorator for a kind's runner."""
+
     def wrap(runner: Callable) -> Callable:
         RUNNERS[kind] = runner
         return runner
+
     return wrap
 
 

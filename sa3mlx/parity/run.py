@@ -83,8 +83,10 @@ class Report:
             out.append(f"  {file}:{c.key:<32} max|d| {c.max_abs:10.3e}  PSNR {_db(c.psnr_db):>9}  {verdict}")
         for name in self.missing:
             out.append(f"  {name:<45} not computed by this kind")
-        out.append(f"  {self.computed} computed, {len(self.failures)} failed, "
-                   f"{len(self.missing)} not computed, {len(self.passthrough)} pass-through")
+        out.append(
+            f"  {self.computed} computed, {len(self.failures)} failed, "
+            f"{len(self.missing)} not computed, {len(self.passthrough)} pass-through"
+        )
         return out
 
 
@@ -115,4 +117,3 @@ def default_fixture_dirs(kind: str, root: str | Path = "tests/fixtures") -> list
     if kind not in FOLDERS:
         raise ParityError(f"unknown parity kind '{kind}' (known: {', '.join(FOLDERS)})")
     return [Path(root) / name for name in FOLDERS[kind]]
-

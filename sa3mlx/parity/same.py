@@ -28,11 +28,16 @@ def build_codec(fixture: Fixture, params: dict):
     state = fixture.load(params["weights"])
     validate_shapes(state, torch_same_shapes(cfg), weights, "SAME codec")
     encoder_arrays, decoder_arrays = same_to_mlx(state)
-    encoder = same_encoder_from_arrays(encoder_arrays, cfg, weights,
-                                       mask_noise=float(params.get("encoder_mask_noise", 0.0)))
-    decoder = same_decoder_from_arrays(decoder_arrays, cfg, weights,
-                                       mask_noise=float(params.get("decoder_mask_noise", 0.0)),
-                                       noise_regularize=bool(params.get("bottleneck_noise_regularize", False)))
+    encoder = same_encoder_from_arrays(
+        encoder_arrays, cfg, weights, mask_noise=float(params.get("encoder_mask_noise", 0.0))
+    )
+    decoder = same_decoder_from_arrays(
+        decoder_arrays,
+        cfg,
+        weights,
+        mask_noise=float(params.get("decoder_mask_noise", 0.0)),
+        noise_regularize=bool(params.get("bottleneck_noise_regularize", False)),
+    )
     return encoder, decoder
 
 
@@ -42,8 +47,13 @@ def run_group(fixture: Fixture, file: str, group: str, codecs: dict) -> np.ndarr
     method = params.get("sliding_window_attention", BAND_ATTENTION)
     if method != BAND_ATTENTION:
         raise ParityError(f"{group}: sliding-window attention '{method}' is not implemented")
-    key = (params["weights"], params["config"], params.get("encoder_mask_noise"),
-           params.get("decoder_mask_noise"), params.get("bottleneck_noise_regularize"))
+    key = (
+        params["weights"],
+        params["config"],
+        params.get("encoder_mask_noise"),
+        params.get("decoder_mask_noise"),
+        params.get("bottleneck_noise_regularize"),
+    )
     if key not in codecs:
         codecs[key] = build_codec(fixture, params)
     encoder, decoder = codecs[key]
@@ -53,12 +63,18 @@ def run_group(fixture: Fixture, file: str, group: str, codecs: dict) -> np.ndarr
         out = encoder.features(mx.array(inputs["audio"]))
     elif call.startswith("AudioAutoencoder.encode_audio"):
         audio = inputs["audio"]
-        out = (encode_chunked_torch(encoder, audio, params["chunk_size"], params["overlap"]) if chunked
-               else encoder(mx.array(audio)))
+        out = (
+            encode_chunked_torch(encoder, audio, params["chunk_size"], params["overlap"])
+            if chunked
+            else encoder(mx.array(audio))
+        )
     elif call.startswith("AudioAutoencoder.decode_audio"):
         latents = inputs["latents"]
-        out = (decode_chunked_torch(decoder, latents, params["chunk_size"], params["overlap"]) if chunked
-               else decoder(mx.array(latents)))
+        out = (
+            decode_chunked_torch(decoder, latents, params["chunk_size"], params["overlap"])
+            if chunked
+            else decoder(mx.array(latents))
+        )
     else:
         raise ParityError(f"{group}: unknown call '{call}'")
     return np.array(out)

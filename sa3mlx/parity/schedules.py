@@ -44,10 +44,14 @@ def _shift_group(fixture: Fixture, group: str, shift, params: dict) -> np.ndarra
 
 
 def _schedule_group(shift, params: dict) -> np.ndarray:
-    return build_schedule(params["steps"], sigma_max=params["sigma_max"], shift=shift,
-                          effective_seq_len=params.get("effective_seq_len"),
-                          fallback_seq_len=params.get("fallback_seq_len"),
-                          include_endpoint=params.get("include_endpoint", True))
+    return build_schedule(
+        params["steps"],
+        sigma_max=params["sigma_max"],
+        shift=shift,
+        effective_seq_len=params.get("effective_seq_len"),
+        fallback_seq_len=params.get("fallback_seq_len"),
+        include_endpoint=params.get("include_endpoint", True),
+    )
 
 
 def _transform_group(fixture: Fixture, group: str, params: dict) -> np.ndarray:

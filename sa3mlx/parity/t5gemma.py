@@ -31,8 +31,13 @@ def encoder_from_hf_folder(folder: str | Path, dtype: str = "float32") -> T5Gemm
     return t5gemma_from_arrays(weights, T5GemmaConfig.load(folder))
 
 
-def encode_fixture_ids(folder: str | Path, input_ids: np.ndarray, attention_mask: np.ndarray,
-                       dtype: str = "float32", output_hidden_states: bool = False):
+def encode_fixture_ids(
+    folder: str | Path,
+    input_ids: np.ndarray,
+    attention_mask: np.ndarray,
+    dtype: str = "float32",
+    output_hidden_states: bool = False,
+):
     """Run the HF folder's encoder on token ids; returns numpy fp32 (and the hidden-state list)."""
     model = encoder_from_hf_folder(folder, dtype)
     ids = mx.array(np.asarray(input_ids).astype(np.int32))
@@ -49,8 +54,9 @@ def fixture_ref(reference: str) -> str:
     return reference.split(" (")[0].strip()
 
 
-def prompt_t5_last_hidden_state(fixture: Fixture, file: str = EXPECTED,
-                                group: str = "prompt_t5_last_hidden_state") -> np.ndarray:
+def prompt_t5_last_hidden_state(
+    fixture: Fixture, file: str = EXPECTED, group: str = "prompt_t5_last_hidden_state"
+) -> np.ndarray:
     """The conditioner fixture's raw T5Gemma output, from its params.json inputs."""
     inputs = fixture.inputs(file, group)
     ids = fixture.load(fixture_ref(inputs["input_ids"]))
@@ -58,9 +64,13 @@ def prompt_t5_last_hidden_state(fixture: Fixture, file: str = EXPECTED,
     return conditioner_prompt_hidden_states(fixture, ids, mask, file, group)
 
 
-def conditioner_prompt_hidden_states(fixture: Fixture, input_ids: np.ndarray, attention_mask: np.ndarray,
-                                     file: str = EXPECTED,
-                                     group: str = "prompt_t5_last_hidden_state") -> np.ndarray:
+def conditioner_prompt_hidden_states(
+    fixture: Fixture,
+    input_ids: np.ndarray,
+    attention_mask: np.ndarray,
+    file: str = EXPECTED,
+    group: str = "prompt_t5_last_hidden_state",
+) -> np.ndarray:
     """Drop-in for `sa3mlx.parity.conditioner.prompt_hidden_states`: the encoder the group names."""
     inputs, params = fixture.inputs(file, group), fixture.params(file, group)
     folder = fixture.path(fixture_ref(inputs["t5gemma"]))
@@ -78,8 +88,9 @@ def run(fixture: Fixture) -> dict[str, dict[str, np.ndarray]]:
         raise ParityError(f"{fixture.dir}: unsupported attention_mask_dtype {params['attention_mask_dtype']}")
     if params.get("mask_semantics", "keys_only") != "keys_only":
         raise ParityError(f"{fixture.dir}: unsupported mask_semantics {params['mask_semantics']}")
-    last, states = encode_fixture_ids(fixture.path(inputs["model"]), ids, mask,
-                                      params.get("model_dtype", "float32"), output_hidden_states=True)
+    last, states = encode_fixture_ids(
+        fixture.path(inputs["model"]), ids, mask, params.get("model_dtype", "float32"), output_hidden_states=True
+    )
     out = {}
     for name, group in groups.items():
         for key in group["keys"]:

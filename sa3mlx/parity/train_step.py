@@ -42,12 +42,17 @@ def load_model(fixture: Fixture, params: dict):
     dtype = {"float32": mx.float32}.get(params["model_dtype"])
     if dtype is None:
         raise ParityError(f"{fixture.dir}: unsupported model_dtype {params['model_dtype']}")
-    dit, cond = build_dit(dit_to_mlx(dit_state, cond_state), config.dit,
-                          Conditioner.from_config(config.conditioner), dtype)
-    lora_cfg = LoRAConfig(adapter_type=params["adapter_type"], rank=params["rank"], alpha=params["alpha"],
-                          include=tuple(params["include"]) if params["include"] else None,
-                          exclude=tuple(params["exclude"]) if params["exclude"] is not None else None,
-                          adapt_conditioner="model.conditioner" in params["adapter_targets"])
+    dit, cond = build_dit(
+        dit_to_mlx(dit_state, cond_state), config.dit, Conditioner.from_config(config.conditioner), dtype
+    )
+    lora_cfg = LoRAConfig(
+        adapter_type=params["adapter_type"],
+        rank=params["rank"],
+        alpha=params["alpha"],
+        include=tuple(params["include"]) if params["include"] else None,
+        exclude=tuple(params["exclude"]) if params["exclude"] is not None else None,
+        adapt_conditioner="model.conditioner" in params["adapter_targets"],
+    )
     layers = inject_adapters(dit, cond, lora_cfg, materialize=TRAIN_MATERIALIZE, announce=False)
     lora = read_lora(fixture.path(refs["adapters"]))
     missing = sorted(set(layers) - set(lora.layers))
@@ -79,9 +84,17 @@ def shared_inputs(fixture: Fixture, params: dict) -> dict:
     drop = np.zeros(x0.shape[0], bool) if params["cfg_dropout_prob"] == 0 else None
     if drop is None:
         raise ParityError(f"{fixture.dir}: cfg dropout needs its draws; only cfg_dropout_prob 0 is reproduced")
-    return {"x0": x0, "noise": fixture.load(params["noise"]), "t": t, "seconds": seconds.astype(np.float32),
-            "prompt_hidden": hidden, "prompt_mask": mask.astype(bool), "drop": drop,
-            "padding_mask": fixture.load(refs["padding_mask"]).astype(bool), "lengths": lengths}
+    return {
+        "x0": x0,
+        "noise": fixture.load(params["noise"]),
+        "t": t,
+        "seconds": seconds.astype(np.float32),
+        "prompt_hidden": hidden,
+        "prompt_mask": mask.astype(bool),
+        "drop": drop,
+        "padding_mask": fixture.load(refs["padding_mask"]).astype(bool),
+        "lengths": lengths,
+    }
 
 
 def scenario_objective(params: dict) -> ObjectiveConfig:
@@ -98,7 +111,8 @@ def scenario_objective(params: dict) -> ObjectiveConfig:
         padding_loss_weight=0.0 if signal_only else weight,
         context_loss_weight=float(params.get("mask_loss_weight", 0.0)) if params.get("context_loss_term") else 0.0,
         loss_normalization=params["loss_normalization"],
-        count_eps=params["loss_count_eps"])
+        count_eps=params["loss_count_eps"],
+    )
 
 
 def run_scenario(fixture: Fixture, group: str, model, shared: dict):
@@ -110,7 +124,8 @@ def run_scenario(fixture: Fixture, group: str, model, shared: dict):
         batch["inpaint_mask"] = mx.array(fixture.load(refs["inpaint_mask"]))
     adapter_params = AdapterParams(layers)
     (loss, per_sample, v), grads = loss_and_grads(dit, cond, adapter_params, scenario_objective(params))(
-        adapter_params.read(), batch)
+        adapter_params.read(), batch
+    )
     mx.eval(loss, per_sample, v, grads)
     return loss, per_sample, v, grads
 
@@ -118,11 +133,15 @@ def run_scenario(fixture: Fixture, group: str, model, shared: dict):
 def intermediates(fixture: Fixture, cond: Conditioner, shared: dict) -> dict[str, np.ndarray]:
     x0, noise, t = shared["x0"], shared["noise"], shared["t"]
     padding = mx.array(shared["padding_mask"])
-    out = {"t": t, "noised": (x0 * (1 - t[:, None, None]) + noise * t[:, None, None]).astype(np.float32),
-           "target": (noise - x0).astype(np.float32),
-           "prompt_embedding": np.array(cond.apply_padding(mx.array(shared["prompt_hidden"]),
-                                                           mx.array(shared["prompt_mask"]))),
-           "seconds_embedding": np.array(cond.seconds_embedding(shared["seconds"]))}
+    out = {
+        "t": t,
+        "noised": (x0 * (1 - t[:, None, None]) + noise * t[:, None, None]).astype(np.float32),
+        "target": (noise - x0).astype(np.float32),
+        "prompt_embedding": np.array(
+            cond.apply_padding(mx.array(shared["prompt_hidden"]), mx.array(shared["prompt_mask"]))
+        ),
+        "seconds_embedding": np.array(cond.seconds_embedding(shared["seconds"])),
+    }
     if shared["lengths"] is not None:
         out["effective_seq_len"] = shared["lengths"].astype(np.int64)
     for group in fixture.groups(INTERMEDIATES):
@@ -144,8 +163,13 @@ def run(fixture: Fixture) -> dict[str, dict[str, np.ndarray]]:
     outputs = {EXPECTED: {}}
     for group in fixture.groups(EXPECTED):
         loss, per_sample, v, grads = run_scenario(fixture, group, model, shared)
-        outputs[EXPECTED].update({f"{group}_v": np.array(v), f"{group}_loss": np.array(loss),
-                                  f"{group}_per_sample_loss": np.array(per_sample)})
+        outputs[EXPECTED].update(
+            {
+                f"{group}_v": np.array(v),
+                f"{group}_loss": np.array(loss),
+                f"{group}_per_sample_loss": np.array(per_sample),
+            }
+        )
         grads_file = f"grads_{group}.npz"
         if grads_file in fixture.expected_files():
             outputs[grads_file] = {k: np.array(g) for k, g in grads.items()}

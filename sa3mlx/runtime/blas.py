@@ -56,18 +56,21 @@ def ensure_fast_blas() -> dict:
     if choice.lower() in ("off", "0", "none", "reference"):
         return status()
     if "mlx.core" in sys.modules and "openblas" not in os.environ.get("LD_PRELOAD", ""):
-        _warn("mlx was imported before sa3mlx, so it is bound to the reference BLAS; "
-              "import sa3mlx first")
+        _warn("mlx was imported before sa3mlx, so it is bound to the reference BLAS; import sa3mlx first")
         return status()
-    for source, finder in (("env", lambda: choice or None),
-                           ("system", _system_openblas),
-                           ("scipy-openblas32", _trampoline)):
+    for source, finder in (
+        ("env", lambda: choice or None),
+        ("system", _system_openblas),
+        ("scipy-openblas32", _trampoline),
+    ):
         path = _try(finder)
         if path and _load_global(path):
             _state.update(library=str(path), source=source)
             return status()
-    _warn("no optimized BLAS found; MLX CPU matmul runs on the reference BLAS (~10x slower). "
-          "Install OpenBLAS (apt-get install libopenblas0-pthread) or a C compiler.")
+    _warn(
+        "no optimized BLAS found; MLX CPU matmul runs on the reference BLAS (~10x slower). "
+        "Install OpenBLAS (apt-get install libopenblas0-pthread) or a C compiler."
+    )
     return status()
 
 
@@ -105,8 +108,7 @@ def trampoline_source(symbols, prefix: str, machine: str) -> str:
     jump = {"x86_64": "jmp {target}@PLT", "aarch64": "b {target}"}[machine]
     body = []
     for sym in symbols:
-        body.append(f'".globl {sym}\\n.type {sym},@function\\n{sym}:\\n  '
-                    f'{jump.format(target=prefix + sym)}\\n"')
+        body.append(f'".globl {sym}\\n.type {sym},@function\\n{sym}:\\n  {jump.format(target=prefix + sym)}\\n"')
     return "__asm__(\n" + "\n".join(body) + "\n);\n"
 
 
@@ -144,7 +146,19 @@ def _compile(source: str, target: Path, lib_dir: Path, lib_name: str) -> None:
         src = Path(tmp) / "trampoline.c"
         src.write_text(source)
         out = Path(tmp) / target.name
-        subprocess.run([compiler, "-shared", "-fPIC", "-o", str(out), str(src),
-                        f"-L{lib_dir}", f"-l{lib_name}", f"-Wl,-rpath,{lib_dir}"],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [
+                compiler,
+                "-shared",
+                "-fPIC",
+                "-o",
+                str(out),
+                str(src),
+                f"-L{lib_dir}",
+                f"-l{lib_name}",
+                f"-Wl,-rpath,{lib_dir}",
+            ],
+            check=True,
+            capture_output=True,
+        )
         os.replace(out, target)  # atomic: concurrent processes never load a half-written file

@@ -77,14 +77,16 @@ class StageParams(Mapping):
             raise UndeclaredParamError(
                 f"stage '{usage.stage}' reads param '{path}' but {DVC_FILE} does not declare it: add "
                 f"'{path}' to the stage's params: (or stop reading it), or DVC will not rerun the stage "
-                "when it changes")
+                "when it changes"
+            )
         if key not in self._data:
             raise KeyError(f"stage '{usage.stage}': param '{path}' is declared but missing from {PARAMS_FILE}")
         value = self._data[key]
         if declared is None:  # a section above declared keys: descend
             if not isinstance(value, Mapping):
-                raise KeyError(f"stage '{usage.stage}': {PARAMS_FILE} '{path}' is not a mapping, "
-                               "but keys under it are declared")
+                raise KeyError(
+                    f"stage '{usage.stage}': {PARAMS_FILE} '{path}' is not a mapping, but keys under it are declared"
+                )
             return StageParams(value, usage, path)
         usage.read.add(path)
         return copy.deepcopy(value)
@@ -101,7 +103,8 @@ class StageParams(Mapping):
             if extra:
                 raise UndeclaredParamError(
                     f"{PARAMS_FILE} sets {extra} but stage '{self._usage.stage}' does not declare them under "
-                    f"params: in {DVC_FILE}: add them so a change reruns the stage (or remove them)")
+                    f"params: in {DVC_FILE}: add them so a change reruns the stage (or remove them)"
+                )
         return (key for key in self._data if self._visible(key))
 
     def __len__(self) -> int:
@@ -116,7 +119,8 @@ class StageParams(Mapping):
         return {key: value.to_dict() if isinstance(value, StageParams) else value for key, value in self.items()}
 
     def __repr__(self) -> str:
-        return f"StageParams({self._usage.stage!r}, {self._prefix or '<root>'}: {sorted(k for k in self._data if self._visible(k))})"
+        visible = sorted(k for k in self._data if self._visible(k))
+        return f"StageParams({self._usage.stage!r}, {self._prefix or '<root>'}: {visible})"
 
 
 def declared_params(stage: str, dvc_file: str | Path = DVC_FILE) -> list[str]:
@@ -131,8 +135,10 @@ def declared_params(stage: str, dvc_file: str | Path = DVC_FILE) -> list[str]:
         elif isinstance(entry, Mapping) and set(entry) == {PARAMS_FILE} and entry[PARAMS_FILE]:
             keys.extend(entry[PARAMS_FILE])
         else:
-            raise ValueError(f"{dvc_file}: stage '{stage}' params entry {entry!r}: only keys of {PARAMS_FILE} "
-                             "are supported (write them as 'section.key' or a whole 'section')")
+            raise ValueError(
+                f"{dvc_file}: stage '{stage}' params entry {entry!r}: only keys of {PARAMS_FILE} "
+                "are supported (write them as 'section.key' or a whole 'section')"
+            )
     return keys
 
 

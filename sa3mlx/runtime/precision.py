@@ -45,5 +45,4 @@ def announce_compile(what: str) -> None:
     """One line before a first (cold-cache) CPU compile, which takes 15-40 s per function."""
     cache = cpu_compile_cache()
     if on_cpu() and not (cache.exists() and any(cache.iterdir())):
-        print(f"sa3mlx: compiling {what} for the CPU (first run only, ~15-40 s; cached in {cache})",
-              file=sys.stderr)
+        print(f"sa3mlx: compiling {what} for the CPU (first run only, ~15-40 s; cached in {cache})", file=sys.stderr)

@@ -95,15 +95,24 @@ def info_frame(stream: bytes, samples: int) -> bytes:
     mono = (head[3] >> 6) == 3
     side_info = 17 if mono else 32
     total_bytes = size + len(stream)
-    toc = bytes(min(255, (size + offsets[len(offsets) * i // _TOC_ENTRIES]) * 256 // total_bytes)
-                for i in range(_TOC_ENTRIES))
+    toc = bytes(
+        min(255, (size + offsets[len(offsets) * i // _TOC_ENTRIES]) * 256 // total_bytes) for i in range(_TOC_ENTRIES)
+    )
     padding = len(offsets) * SAMPLES_PER_FRAME - ENCODER_DELAY - samples
     if not 0 <= padding < 4096:
         raise ValueError(f"{len(offsets)} frames cannot hold {samples} samples after the encoder delay")
     xing = b"Xing" + struct.pack(">IIII", 0x0F, len(offsets), total_bytes, 0)[:12] + toc + struct.pack(">I", 0)
     delays = (ENCODER_DELAY << 12 | padding).to_bytes(3, "big")
-    lame = (b"LAME3.100" + bytes([0x04, 0]) + bytes(8) + bytes([0, 0]) + delays + bytes(4)
-            + struct.pack(">I", total_bytes) + bytes(2))
+    lame = (
+        b"LAME3.100"
+        + bytes([0x04, 0])
+        + bytes(8)
+        + bytes([0, 0])
+        + delays
+        + bytes(4)
+        + struct.pack(">I", total_bytes)
+        + bytes(2)
+    )
     frame = bytes(head) + bytes(side_info) + xing + lame
     frame += struct.pack(">H", crc16(frame[:_CRC_SPAN]))
     return frame + bytes(size - len(frame))

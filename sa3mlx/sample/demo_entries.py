@@ -21,8 +21,18 @@ DEMO_NAME = re.compile(r"^demo_(\d+)_(\d{8})$")
 BASELINE_NAME = re.compile(r"^baseline_(\d+)$")
 
 
-_TYPES = {"prompt": str, "seconds": float, "seed": int, "steps": int, "cfg": float, "apg": bool,
-          "lora_strength": float, "lora_interval_max": float, "arc": bool, "negative_prompt": str}
+_TYPES = {
+    "prompt": str,
+    "seconds": float,
+    "seed": int,
+    "steps": int,
+    "cfg": float,
+    "apg": bool,
+    "lora_strength": float,
+    "lora_interval_max": float,
+    "arc": bool,
+    "negative_prompt": str,
+}
 
 
 @dataclass(frozen=True)
@@ -33,7 +43,7 @@ class AdapterRef:
     strength: float = 1.0
 
     @classmethod
-    def parse(cls, item) -> "AdapterRef":
+    def parse(cls, item) -> AdapterRef:
         """`{path, strength}`, `"FILE:strength"` or a plain path."""
         if isinstance(item, AdapterRef):
             return item
@@ -66,7 +76,7 @@ class DemoEntry:
     adapters: tuple[AdapterRef, ...] | None = None  # None: the adapter(s) the renderer is given
 
     @classmethod
-    def from_dict(cls, d: dict, defaults: dict | None = None) -> "DemoEntry":
+    def from_dict(cls, d: dict, defaults: dict | None = None) -> DemoEntry:
         """One params entry; `defaults` ({"base": {...}, "arc": {...}}) fill steps/cfg left null."""
         if not isinstance(d, dict) or "prompt" not in d:
             raise ValueError(f"demo entry {d!r}: needs at least a 'prompt' (empty for unconditional)")
@@ -87,13 +97,14 @@ class DemoEntry:
             values["adapters"] = tuple(AdapterRef.parse(a) for a in values["adapters"])
         return cls(**values).checked()
 
-    def resolved(self) -> "DemoEntry":
+    def resolved(self) -> DemoEntry:
         """steps/cfg left None filled with underfit's defaults for the entry's family."""
         family = ARC_DEFAULTS if self.arc else BASE_DEFAULTS
-        return replace(self, steps=self.steps or family["steps"],
-                       cfg=family["cfg"] if self.cfg is None else self.cfg).checked()
+        return replace(
+            self, steps=self.steps or family["steps"], cfg=family["cfg"] if self.cfg is None else self.cfg
+        ).checked()
 
-    def checked(self) -> "DemoEntry":
+    def checked(self) -> DemoEntry:
         if self.seconds <= 0:
             raise ValueError(f"demo entry '{self.prompt}': seconds must be > 0, got {self.seconds}")
         if self.steps is not None and self.steps < 1:
@@ -122,8 +133,12 @@ class DemoEntry:
             if baseline or self.lora_strength != 1.0:
                 record["arc_lora_strength"] = 0.0 if baseline else self.lora_strength
         else:
-            record = {"prompt": self.prompt, "cfg": self.cfg, "seed": self.seed,
-                      "lora_strength": 0.0 if baseline else self.lora_strength}
+            record = {
+                "prompt": self.prompt,
+                "cfg": self.cfg,
+                "seed": self.seed,
+                "lora_strength": 0.0 if baseline else self.lora_strength,
+            }
             if self.lora_interval_max is not None and not baseline:
                 record["lora_skip"] = self.lora_interval_max
             record["steps"] = self.steps
@@ -136,12 +151,14 @@ class DemoEntry:
 
 
 def parse_entries(items, defaults: dict | None = None) -> list[DemoEntry]:
-    return [item.resolved() if isinstance(item, DemoEntry) else DemoEntry.from_dict(item, defaults)
-            for item in items or ()]
+    return [
+        item.resolved() if isinstance(item, DemoEntry) else DemoEntry.from_dict(item, defaults) for item in items or ()
+    ]
 
 
-def latent_count(seconds: float, sample_rate: int, samples_per_latent: int, modulo: int = 1,
-                 tail: float = TAIL_SECONDS) -> int:
+def latent_count(
+    seconds: float, sample_rate: int, samples_per_latent: int, modulo: int = 1, tail: float = TAIL_SECONDS
+) -> int:
     """Latents rendered for a demo: ceil((seconds + tail) · rate / 4096), up to the codec's modulo."""
     count = math.ceil(round((seconds + tail) * sample_rate) / samples_per_latent)
     return -(-count // modulo) * modulo
@@ -175,5 +192,7 @@ class RenderSummary:
     wall_seconds: float = 0.0
 
     def line(self) -> str:
-        return (f"demos: {len(self.rendered)} rendered, {len(self.existing)} already there, "
-                f"{len(self.skipped)} skipped; {self.seconds_of_audio:.1f} s of audio in {self.wall_seconds:.1f} s")
+        return (
+            f"demos: {len(self.rendered)} rendered, {len(self.existing)} already there, "
+            f"{len(self.skipped)} skipped; {self.seconds_of_audio:.1f} s of audio in {self.wall_seconds:.1f} s"
+        )

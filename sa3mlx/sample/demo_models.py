@@ -15,9 +15,9 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import mlx.core as mx
 import numpy as np
@@ -70,9 +70,15 @@ class Renderable:
 class DemoModels:
     """Lazily loaded models for `render_demos`; `release()` drops everything but a given LiveModel."""
 
-    def __init__(self, base_dir: str | Path, arc_dir: str | Path | None = None, *,
-                 svd_dir: str | Path | None = None, live: LiveModel | None = None,
-                 say: Callable[[str], None] = print):
+    def __init__(
+        self,
+        base_dir: str | Path,
+        arc_dir: str | Path | None = None,
+        *,
+        svd_dir: str | Path | None = None,
+        live: LiveModel | None = None,
+        say: Callable[[str], None] = print,
+    ):
         self.base_dir, self.arc_dir = Path(base_dir), Path(arc_dir) if arc_dir else None
         self.svd_dir = Path(svd_dir) if svd_dir else None
         self.base_config = ModelConfig.load(self.base_dir / CONFIG_FILE)
@@ -121,8 +127,9 @@ class DemoModels:
         return self._decoders[key]
 
     # -- DiTs ---------------------------------------------------------------------------------------
-    def renderable(self, arc: bool, adapters: tuple[AdapterRef, ...], default: tuple[AdapterRef, ...],
-                   baseline: bool) -> Renderable | str:
+    def renderable(
+        self, arc: bool, adapters: tuple[AdapterRef, ...], default: tuple[AdapterRef, ...], baseline: bool
+    ) -> Renderable | str:
         """The model one demo renders with, or a message saying why it cannot be rendered."""
         if arc and self.arc_dir is None:
             return "no ARC model was given (model.arc)"
@@ -154,8 +161,14 @@ class DemoModels:
         if self._live is None:
             dit, cond = load_dit(self.base_dir / DIT_FILE)
             xs = adapter_kind(read_lora(default[0].path).config["adapter_type"]).xs
-            layers = apply_checkpoint(dit, cond, default[0].path, default[0].strength,
-                                      svd_bases=self.svd_bases() if xs else None, announce=False)
+            layers = apply_checkpoint(
+                dit,
+                cond,
+                default[0].path,
+                default[0].strength,
+                svd_bases=self.svd_bases() if xs else None,
+                announce=False,
+            )
             self._live, self._live_key = LiveModel(dit, cond, layers), key
         if self._live_key != key:
             return None

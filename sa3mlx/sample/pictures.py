@@ -16,8 +16,19 @@ TOP_DB = 80.0  # dynamic range shown below the loudest bin
 PIXELS_PER_MEL = 2
 MAX_WIDTH = 1200  # columns; longer clips are averaged down to this
 # anchor colours of an inferno-like map, dark (quiet) to bright (loud)
-_ANCHORS = np.array([[0, 0, 4], [40, 11, 84], [101, 21, 110], [159, 42, 99], [212, 72, 66],
-                     [245, 125, 21], [250, 193, 39], [252, 255, 164]], np.float64)
+_ANCHORS = np.array(
+    [
+        [0, 0, 4],
+        [40, 11, 84],
+        [101, 21, 110],
+        [159, 42, 99],
+        [212, 72, 66],
+        [245, 125, 21],
+        [250, 193, 39],
+        [252, 255, 164],
+    ],
+    np.float64,
+)
 
 
 def hz_to_mel(hz):

@@ -15,9 +15,9 @@ is written atomically, so an interrupted call leaves only whole demos behind.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import mlx.core as mx
 import numpy as np
@@ -26,8 +26,16 @@ from sa3mlx.models.conditioning import DiTInputs, text_to_audio_local
 from sa3mlx.models.config import ModelConfig
 from sa3mlx.models.same_chunked import decode_long
 from sa3mlx.sample.audio_out import to_int16, write_mp3, write_sidecar, write_wav
-from sa3mlx.sample.demo_entries import (TAIL_SECONDS, AdapterRef, DemoEntry, RenderSummary, demo_stem,
-                                        kept_samples, latent_count, parse_entries)
+from sa3mlx.sample.demo_entries import (
+    TAIL_SECONDS,
+    AdapterRef,
+    DemoEntry,
+    RenderSummary,
+    demo_stem,
+    kept_samples,
+    latent_count,
+    parse_entries,
+)
 from sa3mlx.sample.demo_models import DemoModels, Renderable
 from sa3mlx.sample.pictures import write_spectrogram
 from sa3mlx.sample.report import SPECTROGRAM_DIR, write_index
@@ -46,9 +54,13 @@ class RenderOptions:
     decode_overlap: int = 32
 
     @classmethod
-    def from_params(cls, params: dict) -> "RenderOptions":
-        return cls(float(params.get("tail_seconds", TAIL_SECONDS)), bool(params.get("wav", False)),
-                   int(params.get("decode_chunk", 128)), int(params.get("decode_overlap", 32)))
+    def from_params(cls, params: dict) -> RenderOptions:
+        return cls(
+            float(params.get("tail_seconds", TAIL_SECONDS)),
+            bool(params.get("wav", False)),
+            int(params.get("decode_chunk", 128)),
+            int(params.get("decode_overlap", 32)),
+        )
 
 
 # -- schedules ---------------------------------------------------------------------------------------
@@ -60,8 +72,7 @@ def base_schedule(steps: int, training_shift: dict | None, latents: int) -> np.n
 
 def arc_schedule(steps: int, sampling_shift: dict | None, latents: int) -> np.ndarray:
     """The model's sampling shift (SA3 default: LogSNR rate 0, independent of the length)."""
-    return build_schedule(steps, 1.0, shift=make_shift(sampling_shift) or SA3_SAMPLING_SHIFT,
-                          fallback_seq_len=latents)
+    return build_schedule(steps, 1.0, shift=make_shift(sampling_shift) or SA3_SAMPLING_SHIFT, fallback_seq_len=latents)
 
 
 def demo_schedule(entry: DemoEntry, config: ModelConfig, latents: int) -> np.ndarray:
@@ -78,14 +89,17 @@ def interval_velocity(adapted: Velocity, plain: Velocity, interval_max: float | 
 
     def velocity(x: mx.array, t: mx.array) -> mx.array:
         return (adapted if float(t[0].item()) <= interval_max else plain)(x, t)
+
     return velocity
 
 
 def live_velocity(renderable: Renderable, guided: GuidedVelocity, strength: float) -> Velocity:
     """The guided velocity with the live DiT adapters at `strength` (conditioner adapter untouched)."""
+
     def velocity(x: mx.array, t: mx.array) -> mx.array:
         renderable.live.set_strength(strength, dit_only=True)
         return guided(x, t)
+
     return velocity
 
 
@@ -95,8 +109,9 @@ def seeded_noise(key: mx.array, steps: int) -> NoiseSource:
     return lambda i, shape, dtype: mx.random.normal(shape, dtype=dtype, key=keys[i])
 
 
-def run_sampler(velocity: Velocity, x_init: mx.array, sigmas, sampler: str,
-                step_noise: NoiseSource | None = None) -> mx.array:
+def run_sampler(
+    velocity: Velocity, x_init: mx.array, sigmas, sampler: str, step_noise: NoiseSource | None = None
+) -> mx.array:
     """The demo sampler: Euler (base) or ping-pong with `step_noise` (ARC)."""
     if sampler == "euler":
         return sample_euler(velocity, x_init, sigmas)
@@ -105,8 +120,9 @@ def run_sampler(velocity: Velocity, x_init: mx.array, sigmas, sampler: str,
     raise ValueError(f"unknown demo sampler '{sampler}' (euler, pingpong)")
 
 
-def conditioning(models: DemoModels, renderable: Renderable, entry: DemoEntry, latents: int
-                 ) -> tuple[DiTInputs, mx.array | None, mx.array | None]:
+def conditioning(
+    models: DemoModels, renderable: Renderable, entry: DemoEntry, latents: int
+) -> tuple[DiTInputs, mx.array | None, mx.array | None]:
     """(inputs, negative tokens, negative mask) for one demo, from the family's prompt encoder."""
     cond, channels = renderable.conditioner, renderable.dit.config.io_channels
     encoder = models.prompt_encoder(entry.arc)
@@ -120,8 +136,9 @@ def conditioning(models: DemoModels, renderable: Renderable, entry: DemoEntry, l
     return inputs, negative.cross_attn_cond, negative.cross_attn_mask
 
 
-def demo_latents(models: DemoModels, entry: DemoEntry, renderable: Renderable, latents: int,
-                 plain: Renderable | None = None) -> mx.array:
+def demo_latents(
+    models: DemoModels, entry: DemoEntry, renderable: Renderable, latents: int, plain: Renderable | None = None
+) -> mx.array:
     """Sample one demo's latents [1, C, latents] (seeded noise: baseline and adapter share it)."""
     config = models.config(entry.arc)
     live = renderable.live
@@ -130,16 +147,26 @@ def demo_latents(models: DemoModels, entry: DemoEntry, renderable: Renderable, l
         live.set_strength(renderable.strength)  # DiT and conditioner, as set_lora_strength
     try:
         inputs, negative, negative_mask = conditioning(models, renderable, entry, latents)
-        guided = GuidedVelocity(renderable.dit, inputs, cfg_scale=entry.cfg, apg_scale=1.0 if entry.apg else 0.0,
-                                negative_cross_attn_cond=negative, negative_mask=negative_mask)
+        guided = GuidedVelocity(
+            renderable.dit,
+            inputs,
+            cfg_scale=entry.cfg,
+            apg_scale=1.0 if entry.apg else 0.0,
+            negative_cross_attn_cond=negative,
+            negative_mask=negative_mask,
+        )
         velocity: Velocity = guided
         interval = None if entry.arc else entry.lora_interval_max
         if interval is not None and live is not None:
-            velocity = interval_velocity(live_velocity(renderable, guided, renderable.strength),
-                                         live_velocity(renderable, guided, 0.0), interval)
+            velocity = interval_velocity(
+                live_velocity(renderable, guided, renderable.strength), live_velocity(renderable, guided, 0.0), interval
+            )
         elif interval is not None and plain is not None:
-            velocity = interval_velocity(guided, GuidedVelocity(plain.dit, inputs, entry.cfg, guided.apg_scale,
-                                                                negative, negative_mask), interval)
+            velocity = interval_velocity(
+                guided,
+                GuidedVelocity(plain.dit, inputs, entry.cfg, guided.apg_scale, negative, negative_mask),
+                interval,
+            )
         init_key, step_key = mx.random.split(mx.random.key(entry.seed))
         x_init = mx.random.normal((1, renderable.dit.config.io_channels, latents), key=init_key)
         sigmas = demo_schedule(entry, config, latents)
@@ -151,16 +178,18 @@ def demo_latents(models: DemoModels, entry: DemoEntry, renderable: Renderable, l
 
 def decode_audio(models: DemoModels, latents: mx.array, arc: bool, keep: int, options: RenderOptions) -> np.ndarray:
     """Latents -> [C, keep] float32 audio through the chunked SAME decoder (fp32)."""
-    audio = decode_long(models.decoder(arc), np.array(latents.astype(mx.float32)),
-                        options.decode_chunk, options.decode_overlap)
+    audio = decode_long(
+        models.decoder(arc), np.array(latents.astype(mx.float32)), options.decode_chunk, options.decode_overlap
+    )
     audio = np.array(audio[0])
     if audio.shape[-1] < keep:
         audio = np.pad(audio, ((0, 0), (0, keep - audio.shape[-1])))
     return audio[:, :keep]
 
 
-def write_demo(out_dir: Path, stem: str, audio: np.ndarray, sample_rate: int, record: dict,
-               options: RenderOptions) -> None:
+def write_demo(
+    out_dir: Path, stem: str, audio: np.ndarray, sample_rate: int, record: dict, options: RenderOptions
+) -> None:
     """mp3 (+wav), spectrogram, then the sidecar, which marks the demo as complete."""
     pcm = to_int16(audio)
     write_mp3(out_dir / f"{stem}.mp3", pcm, sample_rate)
@@ -174,8 +203,16 @@ def is_done(out_dir: Path, stem: str) -> bool:
     return (out_dir / f"{stem}.json").is_file() and (out_dir / f"{stem}.mp3").is_file()
 
 
-def render_one(out_dir: Path, stem: str, models: DemoModels, entry: DemoEntry, adapters: tuple[AdapterRef, ...],
-               default: tuple[AdapterRef, ...], baseline: bool, options: RenderOptions) -> str | float:
+def render_one(
+    out_dir: Path,
+    stem: str,
+    models: DemoModels,
+    entry: DemoEntry,
+    adapters: tuple[AdapterRef, ...],
+    default: tuple[AdapterRef, ...],
+    baseline: bool,
+    options: RenderOptions,
+) -> str | float:
     """Render one demo; its length in seconds, or a message when it cannot be rendered."""
     renderable = models.renderable(entry.arc, adapters, default, baseline)
     if isinstance(renderable, str):
@@ -185,8 +222,9 @@ def render_one(out_dir: Path, stem: str, models: DemoModels, entry: DemoEntry, a
         plain = models.plain(False)
     config = models.config(entry.arc)
     decoder = models.decoder(entry.arc)
-    count = latent_count(entry.seconds, config.sample_rate, decoder.samples_per_latent, decoder.latent_modulo,
-                         options.tail_seconds)
+    count = latent_count(
+        entry.seconds, config.sample_rate, decoder.samples_per_latent, decoder.latent_modulo, options.tail_seconds
+    )
     latents = demo_latents(models, entry, renderable, count, plain)
     keep = kept_samples(entry.seconds, config.sample_rate, options.tail_seconds)
     audio = decode_audio(models, latents, entry.arc, keep, options)
@@ -194,9 +232,18 @@ def render_one(out_dir: Path, stem: str, models: DemoModels, entry: DemoEntry, a
     return keep / config.sample_rate
 
 
-def render_demos(out_dir: str | Path, step: int, entries: Sequence, models: DemoModels,
-                 adapters: Sequence = (), *, baselines: bool = False, options: RenderOptions | None = None,
-                 release: bool = True, say: Callable[[str], None] = print) -> RenderSummary:
+def render_demos(
+    out_dir: str | Path,
+    step: int,
+    entries: Sequence,
+    models: DemoModels,
+    adapters: Sequence = (),
+    *,
+    baselines: bool = False,
+    options: RenderOptions | None = None,
+    release: bool = True,
+    say: Callable[[str], None] = print,
+) -> RenderSummary:
     """Render every entry at `step` into out_dir (`demo_<i>_<step:08d>.*`), plus, with
     `baselines`, each entry at strength 0 (`baseline_<i>.*`); then rewrite index.html.
 
@@ -216,16 +263,19 @@ def render_demos(out_dir: str | Path, step: int, entries: Sequence, models: Demo
                 if is_done(out_dir, stem):
                     summary.existing.append(stem)
                     continue
-                result = render_one(out_dir, stem, models, entry, entry.adapter_set(default), default,
-                                    baseline, options)
+                result = render_one(
+                    out_dir, stem, models, entry, entry.adapter_set(default), default, baseline, options
+                )
                 if isinstance(result, str):
                     summary.skipped[index] = result
                     say(f"demo {index} ({'ARC' if entry.arc else 'base'}) skipped: {result}")
                     continue
                 summary.rendered.append(stem)
                 summary.seconds_of_audio += result
-                say(f"demo {index} ({'ARC' if entry.arc else 'base'}{', baseline' if baseline else ''}): "
-                    f"{stem}.mp3, {result:.1f} s")
+                say(
+                    f"demo {index} ({'ARC' if entry.arc else 'base'}{', baseline' if baseline else ''}): "
+                    f"{stem}.mp3, {result:.1f} s"
+                )
     finally:
         if release:
             models.release()

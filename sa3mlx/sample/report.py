@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from sa3mlx.runtime.io import atomic_path
 from sa3mlx.sample.demo_entries import DemoEntry, parse_stem
@@ -85,9 +85,11 @@ def _strength_label(record: dict) -> str:
 
 def _cell(stem: str, title: str, baseline: bool) -> str:
     name = html.escape(stem)
-    return (f'<div class="cell{" baseline" if baseline else ""}"><h3>{html.escape(title)}</h3>'
-            f'<img src="{SPECTROGRAM_DIR}/{name}.png" alt="mel spectrogram of {name}">'
-            f'<audio controls preload="metadata" src="{name}.mp3"></audio></div>')
+    return (
+        f'<div class="cell{" baseline" if baseline else ""}"><h3>{html.escape(title)}</h3>'
+        f'<img src="{SPECTROGRAM_DIR}/{name}.png" alt="mel spectrogram of {name}">'
+        f'<audio controls preload="metadata" src="{name}.mp3"></audio></div>'
+    )
 
 
 def _card(index: int, entry: DemoEntry | None, demos: dict, note: str | None) -> str:
@@ -102,29 +104,37 @@ def _card(index: int, entry: DemoEntry | None, demos: dict, note: str | None) ->
         cells.append(_cell(f"demo_{index}_{step:08d}", title, step == 0 and None not in demos))
     body = f'<div class="row">{"".join(cells)}</div>' if cells else ""
     warning = f'<div class="note">{html.escape(note)}</div>' if note else ""
-    return (f'<section class="card"><h2><span class="tag {family}">{family.upper()}</span>'
-            f'#{index} {label}</h2><p class="meta">{html.escape(meta)}</p>{warning}{body}</section>')
+    return (
+        f'<section class="card"><h2><span class="tag {family}">{family.upper()}</span>'
+        f'#{index} {label}</h2><p class="meta">{html.escape(meta)}</p>{warning}{body}</section>'
+    )
 
 
-def render_index(out_dir: Path, entries: Sequence[DemoEntry] = (), notes: dict[int, str] | None = None,
-                 adapters: Sequence[str] = ()) -> str:
+def render_index(
+    out_dir: Path, entries: Sequence[DemoEntry] = (), notes: dict[int, str] | None = None, adapters: Sequence[str] = ()
+) -> str:
     found, notes = _read_sidecars(out_dir), notes or {}
     names = f"Adapter: {', '.join(adapters)}. " if adapters else ""
     indices = sorted(set(found) | set(range(len(entries))) | set(notes))
     cards = [_card(i, entries[i] if i < len(entries) else None, found.get(i, {}), notes.get(i)) for i in indices]
     count = sum(len(v) for v in found.values())
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            f"<title>sa3mlx demos</title><style>{STYLE}</style></head><body>"
-            "<h1>Adapter demos</h1>"
-            f"<p class=\"sub\">{html.escape(names)}{len(indices)} prompts, {count} renders. Baseline = the "
-            "same model, seed and settings with the adapter at strength 0. Spectrograms: time left to right, "
-            "mel frequency bottom to top, 80 dB range.</p>"
-            + "".join(cards) + "</body></html>\n")
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>sa3mlx demos</title><style>{STYLE}</style></head><body>"
+        "<h1>Adapter demos</h1>"
+        f'<p class="sub">{html.escape(names)}{len(indices)} prompts, {count} renders. Baseline = the '
+        "same model, seed and settings with the adapter at strength 0. Spectrograms: time left to right, "
+        "mel frequency bottom to top, 80 dB range.</p>" + "".join(cards) + "</body></html>\n"
+    )
 
 
-def write_index(out_dir: str | Path, entries: Sequence[DemoEntry] = (), notes: dict[int, str] | None = None,
-                adapters: Sequence[str] = ()) -> Path:
+def write_index(
+    out_dir: str | Path,
+    entries: Sequence[DemoEntry] = (),
+    notes: dict[int, str] | None = None,
+    adapters: Sequence[str] = (),
+) -> Path:
     """Write out_dir/index.html atomically from the demos present (`adapters`: names for the header)."""
     out_dir = Path(out_dir)
     path = out_dir / INDEX_FILE

@@ -9,8 +9,8 @@ to d_c (per sample over C×T, fp32); d = d_c + (s − 1)·diff'; v = (x − d)/t
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import mlx.core as mx
 import numpy as np
@@ -31,8 +31,9 @@ def apg_project(diff: mx.array, direction: mx.array) -> tuple[mx.array, mx.array
     return parallel.astype(dtype), (diff - parallel).astype(dtype)
 
 
-def guide(x: mx.array, t: mx.array, v_cond: mx.array, v_uncond: mx.array, cfg_scale: float,
-          apg_scale: float = 1.0) -> mx.array:
+def guide(
+    x: mx.array, t: mx.array, v_cond: mx.array, v_uncond: mx.array, cfg_scale: float, apg_scale: float = 1.0
+) -> mx.array:
     """Guided velocity from the conditional and unconditional velocities."""
     sigma = t.astype(x.dtype)[:, None, None]
     d_cond, d_uncond = x - v_cond * sigma, x - v_uncond * sigma
@@ -65,12 +66,19 @@ class GuidedVelocity:
         t0 = float(t[0].item())
         if self.cfg_scale == 1.0 or not (self.cfg_interval[0] <= t0 <= self.cfg_interval[1]):
             return self.dit(x, t, c.cross_attn_cond, c.global_cond, c.local_add_cond)
-        uncond = (unconditional_tokens(c.cross_attn_cond) if self.negative_cross_attn_cond is None
-                  else negative_tokens(self.negative_cross_attn_cond, self.negative_mask))
+        uncond = (
+            unconditional_tokens(c.cross_attn_cond)
+            if self.negative_cross_attn_cond is None
+            else negative_tokens(self.negative_cross_attn_cond, self.negative_mask)
+        )
         local = None if c.local_add_cond is None else mx.concatenate([c.local_add_cond] * 2)
-        v = self.dit(mx.concatenate([x, x]), mx.concatenate([t, t]),
-                     mx.concatenate([c.cross_attn_cond, uncond.astype(c.cross_attn_cond.dtype)]),
-                     mx.concatenate([c.global_cond, c.global_cond]), local)
+        v = self.dit(
+            mx.concatenate([x, x]),
+            mx.concatenate([t, t]),
+            mx.concatenate([c.cross_attn_cond, uncond.astype(c.cross_attn_cond.dtype)]),
+            mx.concatenate([c.global_cond, c.global_cond]),
+            local,
+        )
         v_cond, v_uncond = mx.split(v, 2)
         return guide(x, t, v_cond, v_uncond, self.cfg_scale, self.apg_scale)
 
@@ -115,6 +123,7 @@ def random_noise(key: mx.array | None = None) -> NoiseSource:
 
     def draw(i: int, shape: tuple, dtype) -> mx.array:
         return mx.random.normal(shape, dtype=dtype, key=step_key(i))
+
     return draw
 
 
@@ -123,8 +132,9 @@ def fixed_noise(noises: Sequence) -> NoiseSource:
     return lambda i, shape, dtype: mx.array(noises[i]).astype(dtype)
 
 
-def sample_pingpong(velocity: Callable, x: mx.array, sigmas, noise: NoiseSource | None = None,
-                    callback: Callable | None = None) -> mx.array:
+def sample_pingpong(
+    velocity: Callable, x: mx.array, sigmas, noise: NoiseSource | None = None, callback: Callable | None = None
+) -> mx.array:
     """denoised = x − t_i·v(x, t_i); x = (1 − t_{i+1})·denoised + t_{i+1}·ε_i (ε_last is scaled by 0)."""
     noise = noise or random_noise()
     for i in range(np.shape(sigmas)[-1] - 1):
@@ -151,10 +161,17 @@ def paste_back(x: mx.array, init_latents: mx.array, keep_mask: mx.array) -> mx.a
     return mask * init_latents + (1 - mask) * x
 
 
-def sample(velocity: Callable, noise: mx.array, sigmas, objective: str = "rectified_flow",
-           sampler: str | None = None, init_latents: mx.array | None = None,
-           keep_mask: mx.array | None = None, step_noise: NoiseSource | None = None,
-           callback: Callable | None = None) -> mx.array:
+def sample(
+    velocity: Callable,
+    noise: mx.array,
+    sigmas,
+    objective: str = "rectified_flow",
+    sampler: str | None = None,
+    init_latents: mx.array | None = None,
+    keep_mask: mx.array | None = None,
+    step_noise: NoiseSource | None = None,
+    callback: Callable | None = None,
+) -> mx.array:
     """Run the objective's sampler (Euler for rectified_flow, ping-pong for rf_denoiser).
 
     With init_latents the start is noised_init(init, noise, sigmas[0]) (σmax = the schedule's first

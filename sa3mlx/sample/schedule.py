@@ -13,9 +13,15 @@ from sa3mlx.models.fourier import torch_linspace_f32
 from sa3mlx.sample.shifts import SA3_SAMPLING_SHIFT
 
 
-def build_schedule(steps: int, sigma_max: float = 1.0, shift=SA3_SAMPLING_SHIFT, effective_seq_len=None,
-                   fallback_seq_len: int | None = None, include_endpoint: bool = True,
-                   monotonic: bool = False) -> np.ndarray:
+def build_schedule(
+    steps: int,
+    sigma_max: float = 1.0,
+    shift=SA3_SAMPLING_SHIFT,
+    effective_seq_len=None,
+    fallback_seq_len: int | None = None,
+    include_endpoint: bool = True,
+    monotonic: bool = False,
+) -> np.ndarray:
     """Timesteps [steps+1] from sigma_max to 0 (or [K, steps+1] for K per-element lengths).
 
     As torch: shift linspace(sigma_max, 0) and then pin t[..., 0] = sigma_max. For sigma_max < 1

@@ -25,11 +25,12 @@ class LogSNRShift:
     logsnr_end: float = 2.0
 
     @classmethod
-    def from_dict(cls, d: dict) -> "LogSNRShift":
+    def from_dict(cls, d: dict) -> LogSNRShift:
         if d.get("type", "LogSNRShift") != "LogSNRShift":
             raise ValueError(f"not a LogSNRShift: {d.get('type')}")
-        return cls(d.get("anchor_length", 2000), d.get("anchor_logsnr", -6.2), d.get("rate", 1.0),
-                   d.get("logsnr_end", 2.0))
+        return cls(
+            d.get("anchor_length", 2000), d.get("anchor_logsnr", -6.2), d.get("rate", 1.0), d.get("logsnr_end", 2.0)
+        )
 
     def logsnr_start(self, seq_len):
         """Python float for a scalar length (float64, as torch); fp32 array for an array of lengths."""
@@ -91,13 +92,16 @@ class FullShift:
         span = self.max_length - self.min_length
         if np.ndim(seq_len) == 0:  # python-number path: mu and exp(mu) in float64
             length = min(max(seq_len, self.min_length), self.max_length)
-            exp_mu = F32(math.exp(-(self.base_shift + (self.max_shift - self.base_shift)
-                                    * (length - self.min_length) / span)))
+            exp_mu = F32(
+                math.exp(-(self.base_shift + (self.max_shift - self.base_shift) * (length - self.min_length) / span))
+            )
         else:
             length = np.clip(np.asarray(seq_len, F32), F32(self.min_length), F32(self.max_length))
             t, length = _pair_up(t, length)
-            mu = -(F32(self.base_shift) + F32(self.max_shift - self.base_shift)
-                   * (length - F32(self.min_length)) / F32(span))
+            mu = -(
+                F32(self.base_shift)
+                + F32(self.max_shift - self.base_shift) * (length - F32(self.min_length)) / F32(span)
+            )
             exp_mu = np.exp(mu.astype(F32)).astype(F32)
         with np.errstate(divide="ignore"):
             odds = (F32(1) / (F32(1) - t) - F32(1)).astype(F32)
@@ -146,8 +150,12 @@ class FluxShift:
 SHIFT_TYPES = ("none", "full", "flux", "logsnr")
 _SHIFT_BY_TYPE = {"none": IdentityShift, "full": FullShift, "flux": FluxShift, "logsnr": LogSNRShift}
 # official class names (as the schedules fixture names them) -> config type
-OFFICIAL_SHIFT_CLASSES = {"IdentityDistributionShift": "none", "DistributionShift": "full",
-                          "FluxDistributionShift": "flux", "LogSNRShift": "logsnr"}
+OFFICIAL_SHIFT_CLASSES = {
+    "IdentityDistributionShift": "none",
+    "DistributionShift": "full",
+    "FluxDistributionShift": "flux",
+    "LogSNRShift": "logsnr",
+}
 
 
 def make_shift(options: dict | None):

@@ -17,9 +17,9 @@ fills in what a killed one left out. A failed render is reported and training go
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from sa3mlx.lora.checkpoint import save_lora
 from sa3mlx.models.prompt import PromptEncoder
@@ -38,7 +38,7 @@ class DemoSettings:
     options: RenderOptions = field(default_factory=RenderOptions)
 
     @classmethod
-    def from_params(cls, params: dict | None) -> "DemoSettings":
+    def from_params(cls, params: dict | None) -> DemoSettings:
         """`train.demos`: every, entries (as `demo.entries`), defaults, baselines, tail_seconds, wav,
         decode_chunk, decode_overlap. Entries are checked now, before any training."""
         params = dict(params or {})
@@ -63,17 +63,28 @@ class DemoSettings:
 class TrainDemos:
     """The loop's `on_step(step, checkpoint)` hook."""
 
-    def __init__(self, settings: DemoSettings, session, out_dir: str | Path, base_dir: str | Path,
-                 arc_dir: str | Path | None = None, *, svd_dir: str | Path | None = None, label: str = "adapter",
-                 fresh: bool = True, say: Callable[[str], None] = print):
+    def __init__(
+        self,
+        settings: DemoSettings,
+        session,
+        out_dir: str | Path,
+        base_dir: str | Path,
+        arc_dir: str | Path | None = None,
+        *,
+        svd_dir: str | Path | None = None,
+        label: str = "adapter",
+        fresh: bool = True,
+        say: Callable[[str], None] = print,
+    ):
         if settings.needs_arc and (arc_dir is None or not Path(arc_dir).is_dir()):
-            raise ValueError(f"train.demos has ARC entries but the ARC model folder {arc_dir} is missing "
-                             "(model.arc, converted by the convert stage)")
+            raise ValueError(
+                f"train.demos has ARC entries but the ARC model folder {arc_dir} is missing "
+                "(model.arc, converted by the convert stage)"
+            )
         self.settings, self.session, self.out_dir = settings, session, Path(out_dir)
         self.label, self.fresh, self.say = label, fresh, say
         live = LiveModel(session.dit, session.cond, session.adapters, uncached(session.prompts))
-        self.models = DemoModels(base_dir, arc_dir if settings.needs_arc else None, svd_dir=svd_dir, live=live,
-                                 say=say)
+        self.models = DemoModels(base_dir, arc_dir if settings.needs_arc else None, svd_dir=svd_dir, live=live, say=say)
         self._started = False
         self.rendered: list[int] = []  # steps rendered by this hook (for tests and logs)
 
@@ -87,8 +98,13 @@ class TrainDemos:
             return
         try:
             with tempfile.TemporaryDirectory(prefix="sa3mlx-demo-adapter-") as tmp:
-                adapter = checkpoint or save_lora(Path(tmp) / f"{self.label}-step={step}.safetensors",
-                                                  self.session.adapters, self.session.lora_config, step, 0)
+                adapter = checkpoint or save_lora(
+                    Path(tmp) / f"{self.label}-step={step}.safetensors",
+                    self.session.adapters,
+                    self.session.lora_config,
+                    step,
+                    0,
+                )
                 summary = self.render(step, adapter)
         except Exception as e:  # noqa: BLE001 (a demo must never end a long run)
             self.say(f"demos at step {step} failed ({type(e).__name__}: {e}); training continues")
@@ -97,9 +113,17 @@ class TrainDemos:
         self.say(f"{summary.line()} (step {step}, {self.out_dir})")
 
     def render(self, step: int, adapter: Path):
-        return render_demos(self.out_dir, step, self.settings.entries, self.models, [adapter],
-                            baselines=self.settings.baselines, options=self.settings.options, release=True,
-                            say=self.say)
+        return render_demos(
+            self.out_dir,
+            step,
+            self.settings.entries,
+            self.models,
+            [adapter],
+            baselines=self.settings.baselines,
+            options=self.settings.options,
+            release=True,
+            say=self.say,
+        )
 
 
 def uncached(prompts: PromptEncoder | None) -> PromptEncoder | None:

@@ -32,18 +32,22 @@ class NonFiniteGuard:
         self.total += 1
         if self.first_bad_step is None:
             self.first_bad_step = step
-        return (f"[guard] non-finite loss ({loss}) at step {step}: update skipped "
-                f"({self.in_a_row} in a row, {self.total} in this run; stop at {self.limit} in a row)")
+        return (
+            f"[guard] non-finite loss ({loss}) at step {step}: update skipped "
+            f"({self.in_a_row} in a row, {self.total} in this run; stop at {self.limit} in a row)"
+        )
 
     @property
     def tripped(self) -> bool:
         return self.in_a_row >= self.limit
 
     def stop_message(self, checkpoint: str) -> str:
-        return (f"[guard] stopping: {self.in_a_row} non-finite losses in a row (steps {self.first_bad_step}"
-                f"-{self.first_bad_step + self.in_a_row - 1}). No update was applied on those steps, so "
-                f"{checkpoint} holds the last good adapter. Lower train.lr, set train.grad_clip, or check the "
-                f"latents for NaN/inf before resuming.")
+        return (
+            f"[guard] stopping: {self.in_a_row} non-finite losses in a row (steps {self.first_bad_step}"
+            f"-{self.first_bad_step + self.in_a_row - 1}). No update was applied on those steps, so "
+            f"{checkpoint} holds the last good adapter. Lower train.lr, set train.grad_clip, or check the "
+            f"latents for NaN/inf before resuming."
+        )
 
     def state_dict(self) -> dict:
         return {"in_a_row": self.in_a_row, "total": self.total, "first_bad_step": self.first_bad_step}
@@ -66,7 +70,9 @@ class StallWatchdog:
             median = statistics.median(self.times)
             if seconds > max(self.factor * median, self.min_seconds):
                 ratio = seconds / max(median, 1e-9)
-                warning = (f"[watchdog] step {step} took {seconds:.2f} s, {ratio:.0f}x the median {median:.3f} s: "
-                           "the machine may be out of memory and swapping")
+                warning = (
+                    f"[watchdog] step {step} took {seconds:.2f} s, {ratio:.0f}x the median {median:.3f} s: "
+                    "the machine may be out of memory and swapping"
+                )
         self.times.append(float(seconds))
         return warning

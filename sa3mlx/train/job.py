@@ -37,11 +37,21 @@ from sa3mlx.train.runs import RunPaths, copy_atomic
 
 STAGE_KEYS = ("preset", "name", "smoke", "init_from", "step_offset", "epoch_offset", "demos")  # not TrainConfig fields
 # deps that only the in-training demos read: declared (DVC reruns the stage) but not fingerprinted (it resumes)
-DEMO_DEPS = ("models/converted/${model.arc}", "sa3mlx/models/patching.py", "sa3mlx/models/same.py",
-             "sa3mlx/models/same_chunked.py", "sa3mlx/models/same_layers.py", "sa3mlx/sample/audio_out.py",
-             "sa3mlx/sample/demo_entries.py", "sa3mlx/sample/demo_models.py", "sa3mlx/sample/pictures.py",
-             "sa3mlx/sample/render.py", "sa3mlx/sample/report.py", "sa3mlx/sample/samplers.py",
-             "sa3mlx/sample/schedule.py")
+DEMO_DEPS = (
+    "models/converted/${model.arc}",
+    "sa3mlx/models/patching.py",
+    "sa3mlx/models/same.py",
+    "sa3mlx/models/same_chunked.py",
+    "sa3mlx/models/same_layers.py",
+    "sa3mlx/sample/audio_out.py",
+    "sa3mlx/sample/demo_entries.py",
+    "sa3mlx/sample/demo_models.py",
+    "sa3mlx/sample/pictures.py",
+    "sa3mlx/sample/render.py",
+    "sa3mlx/sample/report.py",
+    "sa3mlx/sample/samplers.py",
+    "sa3mlx/sample/schedule.py",
+)
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 SMOKE_STEPS = (3, 3)  # steps before the save, steps after the resume
 
@@ -62,17 +72,27 @@ class TrainJob:
     demos: DemoSettings = DemoSettings()
 
     @classmethod
-    def from_params(cls, params: dict, base: str, root: str | Path = ".", arc: str | None = None) -> "TrainJob":
+    def from_params(cls, params: dict, base: str, root: str | Path = ".", arc: str | None = None) -> TrainJob:
         stage = {k: params[k] for k in STAGE_KEYS if k in params}
         overrides = {k: v for k, v in params.items() if k not in STAGE_KEYS}
         cfg = resolve(stage.get("preset"), overrides)
-        job = cls(cfg, base, name=stage.get("name") or "lora", preset=stage.get("preset"),
-                  smoke_mode=bool(stage.get("smoke", False)), init_from=stage.get("init_from"),
-                  step_offset=stage.get("step_offset"), epoch_offset=stage.get("epoch_offset"), root=Path(root),
-                  arc=arc, demos=DemoSettings.from_params(stage.get("demos")))
+        job = cls(
+            cfg,
+            base,
+            name=stage.get("name") or "lora",
+            preset=stage.get("preset"),
+            smoke_mode=bool(stage.get("smoke", False)),
+            init_from=stage.get("init_from"),
+            step_offset=stage.get("step_offset"),
+            epoch_offset=stage.get("epoch_offset"),
+            root=Path(root),
+            arc=arc,
+            demos=DemoSettings.from_params(stage.get("demos")),
+        )
         if not NAME_RE.fullmatch(job.name):
-            raise ValueError(f"train.name '{job.name}' must be letters, digits, '.', '_' or '-' "
-                             "(it names folders and files)")
+            raise ValueError(
+                f"train.name '{job.name}' must be letters, digits, '.', '_' or '-' (it names folders and files)"
+            )
         job.check_declared(params)
         return job
 
@@ -132,13 +152,21 @@ class TrainJob:
         names = {p for p in declared["params"] if isinstance(p, str)}
         missing = sorted(f"train.{k}" for k in params if "train" not in names and f"train.{k}" not in names)
         if missing:
-            raise ValueError(f"{self.dvc_file}: params.yaml sets {missing} but the train stage does not declare "
-                             "them under params: add them so a change reruns the stage")
+            raise ValueError(
+                f"{self.dvc_file}: params.yaml sets {missing} but the train stage does not declare "
+                "them under params: add them so a change reruns the stage"
+            )
 
     def fingerprint_payload(self) -> dict:
         """The settings (all but the run length) and the digest of every input of the stage."""
-        settings = {"train": self.cfg.fingerprint_dict(), "model.base": self.base, "name": self.name,
-                    "init_from": self.init_from, "step_offset": self.step_offset, "epoch_offset": self.epoch_offset}
+        settings = {
+            "train": self.cfg.fingerprint_dict(),
+            "model.base": self.base,
+            "name": self.name,
+            "init_from": self.init_from,
+            "step_offset": self.step_offset,
+            "epoch_offset": self.epoch_offset,
+        }
         declared = self.declared()
         inputs = {"data/latents": self.latents, f"models/converted/{self.base}": self.model_dir}
         if self.uses_svd():
@@ -160,8 +188,9 @@ class TrainJob:
         from sa3mlx.train.session import TrainingSession
 
         cfg = cfg or self.cfg
-        session = TrainingSession.build(self.model_dir, cfg, seed=cfg.seed,
-                                        svd_dir=self.svd_dir if self.uses_svd() else None)
+        session = TrainingSession.build(
+            self.model_dir, cfg, seed=cfg.seed, svd_dir=self.svd_dir if self.uses_svd() else None
+        )
         variant = ModelConfig.load(self.model_dir / "model_config.json").variant
         dataset = PreEncodedDataset(self.latents, cfg.crop_length(variant), cfg.random_crop, cfg.prompts)
         sampler = EpochSampler(len(dataset), cfg.batch_size, cfg.seed, drop_last=cfg.drop_last)
@@ -202,15 +231,25 @@ class TrainJob:
         if not self.demos.on:
             return None
         P.emit(f"train: demos every {self.demos.every} steps ({len(self.demos.entries)} entries) -> {run.demos}", out)
-        return TrainDemos(self.demos, session, run.demos, self.model_dir, self.arc_dir,
-                          svd_dir=self.svd_dir if self.uses_svd() else None, label=run.label, fresh=fresh,
-                          say=lambda line: P.emit(line, out))
+        return TrainDemos(
+            self.demos,
+            session,
+            run.demos,
+            self.model_dir,
+            self.arc_dir,
+            svd_dir=self.svd_dir if self.uses_svd() else None,
+            label=run.label,
+            fresh=fresh,
+            say=lambda line: P.emit(line, out),
+        )
 
     def describe(self) -> str:
         cfg = self.cfg
-        return (f"preset {self.preset or 'underfit-dashboard'}, {cfg.adapter.adapter_type} r{cfg.adapter.rank}, "
-                f"lr {cfg.lr:g} ({cfg.lr_schedule}), batch {cfg.batch_size}, crop {cfg.latent_crop_length}, "
-                f"to step {cfg.max_steps} on {self.base}; run {self.run_paths('x').root}")
+        return (
+            f"preset {self.preset or 'underfit-dashboard'}, {cfg.adapter.adapter_type} r{cfg.adapter.rank}, "
+            f"lr {cfg.lr:g} ({cfg.lr_schedule}), batch {cfg.batch_size}, crop {cfg.latent_crop_length}, "
+            f"to step {cfg.max_steps} on {self.base}; run {self.run_paths('x').root}"
+        )
 
     # ---- smoke ----------------------------------------------------------------------------------
 
@@ -238,8 +277,11 @@ class TrainJob:
         if problems:
             P.emit(["smoke: FAILED: the resumed run differs from the uninterrupted one:", *problems], out)
             return 1
-        P.emit(f"smoke: OK: resumed at step {before}, {after} more steps; adapter and optimizer state "
-               f"byte-identical to an uninterrupted run ({self.final_adapter})", out)
+        P.emit(
+            f"smoke: OK: resumed at step {before}, {after} more steps; adapter and optimizer state "
+            f"byte-identical to an uninterrupted run ({self.final_adapter})",
+            out,
+        )
         return 0
 
     def _smoke_loop(self, cfg: TrainConfig, save_dir: Path, out: IO) -> TrainingLoop:
@@ -256,8 +298,11 @@ def _compare_runs(a: Path, b: Path) -> list[str]:
         problems.append(f"  adapter files differ: {a.name}")
     state_a, state_b = load_resume(resume_files(a)[1]), load_resume(resume_files(b)[1])
     for key in sorted(set(state_a.adapter) | set(state_b.adapter)):
-        if key not in state_a.adapter or key not in state_b.adapter or \
-                state_a.adapter[key].tobytes() != state_b.adapter[key].tobytes():
+        if (
+            key not in state_a.adapter
+            or key not in state_b.adapter
+            or state_a.adapter[key].tobytes() != state_b.adapter[key].tobytes()
+        ):
             problems.append(f"  fp32 adapter tensor {key} differs")
     if resume_files(a)[0].read_bytes() != resume_files(b)[0].read_bytes():
         problems.append("  resume arrays (optimizer moments) differ")

@@ -60,9 +60,16 @@ class LoopSettings:
     fingerprint_inputs: dict | None = None
 
     @classmethod
-    def from_config(cls, cfg, **extra) -> "LoopSettings":
-        return cls(max_steps=cfg.max_steps, checkpoint_every=cfg.checkpoint_every, keep_last=cfg.keep_last,
-                   max_nonfinite=cfg.max_nonfinite, max_minutes=cfg.max_minutes, seed=cfg.seed, **extra)
+    def from_config(cls, cfg, **extra) -> LoopSettings:
+        return cls(
+            max_steps=cfg.max_steps,
+            checkpoint_every=cfg.checkpoint_every,
+            keep_last=cfg.keep_last,
+            max_nonfinite=cfg.max_nonfinite,
+            max_minutes=cfg.max_minutes,
+            seed=cfg.seed,
+            **extra,
+        )
 
 
 @dataclass
@@ -75,13 +82,26 @@ class LoopResult:
 
 def batch_inputs(batch) -> dict:
     """What `TrainingSession.step` reads from a dataset Batch."""
-    return {"latents": batch.latents, "padding_mask": batch.padding_mask,
-            "seconds_total": batch.seconds_total, "prompts": batch.prompts}
+    return {
+        "latents": batch.latents,
+        "padding_mask": batch.padding_mask,
+        "seconds_total": batch.seconds_total,
+        "prompts": batch.prompts,
+    }
 
 
 class TrainingLoop:
-    def __init__(self, session, loader: BatchLoader, run: RunPaths, settings: LoopSettings,
-                 metrics=None, out: IO | None = None, on_checkpoint=None, on_step=None):
+    def __init__(
+        self,
+        session,
+        loader: BatchLoader,
+        run: RunPaths,
+        settings: LoopSettings,
+        metrics=None,
+        out: IO | None = None,
+        on_checkpoint=None,
+        on_step=None,
+    ):
         """`on_checkpoint(path, step)` runs after each save; `on_step(step, checkpoint)` at the
         start of `run()` and after each step and its save (see the module docstring)."""
         self.session, self.loader, self.run_paths, self.settings = session, loader, run, settings
@@ -111,16 +131,19 @@ class TrainingLoop:
         self.last_checkpoint, self.resumed_from, self._saved_step = checkpoint, state.step, state.step
         _truncate_loss_log(self.run_paths.demos / P.LOSS_BY_TIMESTEP_FILE, state.step)
 
-    def start_from_adapter(self, path: str | Path, step_offset: int | None = None,
-                           epoch_offset: int | None = None) -> None:
+    def start_from_adapter(
+        self, path: str | Path, step_offset: int | None = None, epoch_offset: int | None = None
+    ) -> None:
         """A bare adapter (e.g. an underfit checkpoint): its tensors, fresh optimizer, underfit's
         offset ladder for the step and epoch to count from."""
         lora = read_lora(path)
         apply_lora(lora, self.session.adapters, self.settings.base_model)  # checks layers, type, base
-        self.session.load_adapter_state({lora_key(name, param): value for name, tensors in lora.layers.items()
-                                         for param, value in tensors.items()})
+        self.session.load_adapter_state(
+            {lora_key(name, param): value for name, tensors in lora.layers.items() for param, value in tensors.items()}
+        )
         self.global_step, self.epoch_offset = bare_offsets(
-            path, lora.config, step_offset, epoch_offset, self.loader.sampler.batches_per_epoch)
+            path, lora.config, step_offset, epoch_offset, self.loader.sampler.batches_per_epoch
+        )
         self.resumed_from = self.global_step
 
     # ---- the run ------------------------------------------------------------------------------
@@ -138,8 +161,10 @@ class TrainingLoop:
     def run(self) -> LoopResult:
         self._announce()
         status, first_step = "done", self.global_step
-        with SaveRequests(self.run_paths.save_now, self.out) as requests, \
-                P.LossByTimestepLog(self.run_paths.demos / P.LOSS_BY_TIMESTEP_FILE) as lbt:
+        with (
+            SaveRequests(self.run_paths.save_now, self.out) as requests,
+            P.LossByTimestepLog(self.run_paths.demos / P.LOSS_BY_TIMESTEP_FILE) as lbt,
+        ):
             self._step_done()
             epoch = self.epoch
             while self.global_step < self.target_step() and status == "done":
@@ -162,8 +187,14 @@ class TrainingLoop:
         if sampler.position >= sampler.batches_per_epoch:
             sampler.epoch, sampler.position = sampler.epoch + 1, 0
         epoch = self.epoch
-        bar = P.epoch_bar(self._batches(), self.global_step, epoch, total=sampler.batches_per_epoch,
-                          file=self.out, initial=sampler.position)
+        bar = P.epoch_bar(
+            self._batches(),
+            self.global_step,
+            epoch,
+            total=sampler.batches_per_epoch,
+            file=self.out,
+            initial=sampler.position,
+        )
         status, self._bar = "done", bar
         for batch in bar:
             self._ensure_wsd_plan(batch)
@@ -175,8 +206,15 @@ class TrainingLoop:
                 lbt.write(self.global_step, result.t_mean, result.loss)
             self.global_step += 1
             self._count_time(seconds)
-            P.report_step(bar, self.global_step, epoch, result.loss, self._display_lr(result),
-                          result.grad_norm, result.lora_magnitude)
+            P.report_step(
+                bar,
+                self.global_step,
+                epoch,
+                result.loss,
+                self._display_lr(result),
+                result.grad_norm,
+                result.lora_magnitude,
+            )
             self._log_metrics(result, seconds)
             status = self._after_step(finite, result, seconds, epoch, requests)
             if status != "done" or self.global_step >= self.target_step():
@@ -187,8 +225,7 @@ class TrainingLoop:
         return epoch, status
 
     def _batches(self):
-        for batch in self.loader.epoch():
-            yield batch
+        yield from self.loader.epoch()
 
     def _after_step(self, finite: bool, result, seconds: float, epoch: int, requests: SaveRequests) -> str:
         """Guards, watchdog and saves after a step; returns the loop status."""
@@ -202,8 +239,7 @@ class TrainingLoop:
             path = self.save_checkpoint(epoch)
             self._say(self.guard.stop_message(path.name))
             return "nonfinite"
-        if (self.global_step % self.settings.checkpoint_every == 0 or requests.take_save()
-                or requests.stopping):
+        if self.global_step % self.settings.checkpoint_every == 0 or requests.take_save() or requests.stopping:
             self.save_checkpoint(epoch)
         if requests.stopping:
             self._say(f"Stopped at step {self.global_step}; a resume continues from {self.last_checkpoint.name}")
@@ -220,8 +256,9 @@ class TrainingLoop:
         if self._saved_step == self.global_step and self.last_checkpoint is not None and not final:
             return self.last_checkpoint
         path = self.run_paths.checkpoint_path(self.global_step, epoch)
-        save_lora(path, self.session.adapters, self.session.lora_config, self.global_step, epoch,
-                  self.settings.base_model)
+        save_lora(
+            path, self.session.adapters, self.session.lora_config, self.global_step, epoch, self.settings.base_model
+        )
         save_resume(path, self.resume_state(epoch))
         prune_checkpoints(self.run_paths.root, self.settings.keep_last, resume_files)
         self.last_checkpoint, self._saved_step = path, self.global_step
@@ -234,12 +271,19 @@ class TrainingLoop:
         session = dict(self.session.state_dict())
         adapter = session.pop("adapters", None)  # stored once, as the state's adapter
         return ResumeState(
-            step=self.global_step, epoch=epoch, fingerprint=self.settings.fingerprint,
-            sampler=self.loader.state_dict(), session=session,
+            step=self.global_step,
+            epoch=epoch,
+            fingerprint=self.settings.fingerprint,
+            sampler=self.loader.state_dict(),
+            session=session,
             adapter=self.session.adapter_state() if adapter is None else adapter,
-            loop={"epoch_offset": self.epoch_offset, "elapsed_seconds": self.elapsed_seconds,
-                  "guard": self.guard.state_dict()},
-            fingerprint_inputs=self.settings.fingerprint_inputs or {})
+            loop={
+                "epoch_offset": self.epoch_offset,
+                "elapsed_seconds": self.elapsed_seconds,
+                "guard": self.guard.state_dict(),
+            },
+            fingerprint_inputs=self.settings.fingerprint_inputs or {},
+        )
 
     def _step_done(self) -> None:
         """The `on_step` hook for the current step, with the bar cleared while it runs."""
@@ -265,16 +309,22 @@ class TrainingLoop:
     def _announce(self) -> None:
         session, sampler = self.session, self.loader.sampler
         trainable = sum(int(np.size(v)) for v in session.adapter_state().values())
-        P.emit(P.lora_config_lines(session.lora_config) + [P.lora_layers_line(len(session.adapters)),
-                                                            P.trainable_params_line(trainable)], self.out)
+        P.emit(
+            P.lora_config_lines(session.lora_config)
+            + [P.lora_layers_line(len(session.adapters)), P.trainable_params_line(trainable)],
+            self.out,
+        )
         if sampler.oversampled:
-            P.emit(P.oversampling_line(sampler.size, sampler.batch_size, sampler.samples_per_epoch,
-                                       self.loader.dataset.random_crop), self.out)
+            P.emit(
+                P.oversampling_line(
+                    sampler.size, sampler.batch_size, sampler.samples_per_epoch, self.loader.dataset.random_crop
+                ),
+                self.out,
+            )
         P.emit(P.prompt_preview_lines(preview_prompts(self.loader)), self.out)
         if self.resumed_from:
             P.emit(P.resume_line(self.global_step, self.epoch), self.out)
-        P.emit(P.training_to_lines(self.settings.max_steps, self.global_step, self.settings.checkpoint_every),
-               self.out)
+        P.emit(P.training_to_lines(self.settings.max_steps, self.global_step, self.settings.checkpoint_every), self.out)
 
     def _display_lr(self, result) -> float:
         """underfit shows the lr after stepping the scheduler: the one the next step will use."""
@@ -300,8 +350,9 @@ class TrainingLoop:
         if not isinstance(schedule, WarmupStableDecay) or schedule.plan is not None:
             return
         state, adapter = self.session.state_dict(), self.session.adapter_state()
-        schedule.plan = WSDPlan(total_steps=self.settings.max_steps + 2, warmup_steps=1, decay_steps=1,
-                                seconds_per_step=1.0)
+        schedule.plan = WSDPlan(
+            total_steps=self.settings.max_steps + 2, warmup_steps=1, decay_steps=1, seconds_per_step=1.0
+        )
         times = []
         for probe in range(2):
             started = time.perf_counter()
@@ -311,17 +362,23 @@ class TrainingLoop:
         self.session.load_state_dict(state)
         schedule.plan = None
         plan = schedule.freeze(times[-1], steps_done=self.global_step)
-        self._say(f"WSD: {schedule.max_minutes:g} min budget ({schedule.elapsed_seconds / 60:.1f} used) at "
-               f"{times[-1]:.3f} s/step -> {plan.total_steps} steps (warm-up {plan.warmup_steps}, "
-               f"decay {plan.decay_steps})")
+        self._say(
+            f"WSD: {schedule.max_minutes:g} min budget ({schedule.elapsed_seconds / 60:.1f} used) at "
+            f"{times[-1]:.3f} s/step -> {plan.total_steps} steps (warm-up {plan.warmup_steps}, "
+            f"decay {plan.decay_steps})"
+        )
 
     def _log_metrics(self, result, seconds: float) -> None:
         if self.metrics is None:
             return
         stats = self.session.prompt_cache_stats() if hasattr(self.session, "prompt_cache_stats") else {}
-        values = {"train/loss": result.loss, "train/lr": self._display_lr(result),
-                  "train/grad_norm": result.grad_norm, "train/lora_magnitude": result.lora_magnitude,
-                  "train/step_seconds": seconds}
+        values = {
+            "train/loss": result.loss,
+            "train/lr": self._display_lr(result),
+            "train/grad_norm": result.grad_norm,
+            "train/lora_magnitude": result.lora_magnitude,
+            "train/step_seconds": seconds,
+        }
         if stats.get("hit_rate") is not None:
             values["train/prompt_cache_hit_rate"] = stats["hit_rate"]
         self.metrics.log(self.global_step, values)

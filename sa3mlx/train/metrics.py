@@ -18,8 +18,14 @@ from pathlib import Path
 
 from sa3mlx.runtime.io import atomic_path
 
-METRIC_NAMES = ("train/loss", "train/lr", "train/grad_norm", "train/lora_magnitude", "train/step_seconds",
-                "train/prompt_cache_hit_rate")
+METRIC_NAMES = (
+    "train/loss",
+    "train/lr",
+    "train/grad_norm",
+    "train/lora_magnitude",
+    "train/step_seconds",
+    "train/prompt_cache_hit_rate",
+)
 PLOTS_SUBDIR = Path("plots") / "metrics"
 
 
@@ -56,7 +62,7 @@ class TrainingMetrics:
     def close(self) -> None:
         self.live.end()
 
-    def __enter__(self) -> "TrainingMetrics":
+    def __enter__(self) -> TrainingMetrics:
         return self
 
     def __exit__(self, *exc) -> None:

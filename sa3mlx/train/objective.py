@@ -41,13 +41,19 @@ class ObjectiveConfig:
     count_eps: float = COUNT_EPS
 
     @classmethod
-    def from_train_config(cls, cfg) -> "ObjectiveConfig":
+    def from_train_config(cls, cfg) -> ObjectiveConfig:
         """From a `TrainConfig`: `mask_padding_attention` turns on both the DiT mask and the
         signal-only reduction, as in the official step."""
-        return cls(cfg_dropout_prob=cfg.cfg_dropout_prob, inpaint_mask_probabilities=cfg.inpaint_mask_probabilities,
-                   dit_padding_mask=cfg.mask_padding_attention, loss_on_signal_only=cfg.mask_padding_attention,
-                   padding_loss_weight=cfg.padding_loss_weight, context_loss_weight=cfg.mask_loss_weight,
-                   loss_normalization=cfg.loss_normalization, loss_norm_eps=cfg.loss_norm_eps)
+        return cls(
+            cfg_dropout_prob=cfg.cfg_dropout_prob,
+            inpaint_mask_probabilities=cfg.inpaint_mask_probabilities,
+            dit_padding_mask=cfg.mask_padding_attention,
+            loss_on_signal_only=cfg.mask_padding_attention,
+            padding_loss_weight=cfg.padding_loss_weight,
+            context_loss_weight=cfg.mask_loss_weight,
+            loss_normalization=cfg.loss_normalization,
+            loss_norm_eps=cfg.loss_norm_eps,
+        )
 
     @property
     def inpainting(self) -> bool:
@@ -55,6 +61,7 @@ class ObjectiveConfig:
 
 
 # ---- host-side draws --------------------------------------------------------------------------
+
 
 def draw_noise(rng: np.random.Generator, shape: tuple) -> np.ndarray:
     return rng.standard_normal(shape, dtype=np.float32)
@@ -65,8 +72,13 @@ def draw_cfg_dropout(rng: np.random.Generator, batch: int, prob: float) -> np.nd
     return rng.random(batch) < prob
 
 
-def random_inpaint_masks(rng: np.random.Generator, padding_mask: np.ndarray, probabilities,
-                         mask_padding: bool, max_segments: int = MAX_MASK_SEGMENTS) -> np.ndarray:
+def random_inpaint_masks(
+    rng: np.random.Generator,
+    padding_mask: np.ndarray,
+    probabilities,
+    mask_padding: bool,
+    max_segments: int = MAX_MASK_SEGMENTS,
+) -> np.ndarray:
     """The official `random_inpaint_mask` semantics, drawn from `rng`: [B,1,T] fp32, 1 = keep.
 
     Per sample a type by `probabilities` [segments, full, causal]: segments = randint(1, max)
@@ -92,7 +104,7 @@ def random_inpaint_masks(rng: np.random.Generator, padding_mask: np.ndarray, pro
             for _ in range(count):
                 size = int(rng.integers(1, longest + 1))
                 start = int(rng.integers(0, real - size + 1))
-                masks[b, :, start:start + size] = 0.0
+                masks[b, :, start : start + size] = 0.0
         else:
             prefix = int(rng.integers(0, real + 1))
             masks[b, :, prefix:real] = 0.0
@@ -102,6 +114,7 @@ def random_inpaint_masks(rng: np.random.Generator, padding_mask: np.ndarray, pro
 
 
 # ---- array maths (MLX) ------------------------------------------------------------------------
+
 
 def rectified_flow(x0: mx.array, noise: mx.array, t: mx.array) -> tuple[mx.array, mx.array]:
     """(noised, target): x0·(1 − t) + noise·t and noise − x0, t [B]."""
@@ -143,8 +156,9 @@ def _masked_variance(target: mx.array, mask: mx.array, axes: tuple) -> tuple[mx.
     return var, count
 
 
-def normalized_mse(pred: mx.array, target: mx.array, loss_mask: mx.array, mode: str = "none",
-                   eps: float = 1e-6) -> mx.array:
+def normalized_mse(
+    pred: mx.array, target: mx.array, loss_mask: mx.array, mode: str = "none", eps: float = 1e-6
+) -> mx.array:
     """Per-element (pred − target)² [B,C,T], divided inside the loss mask by a (constant) target
     magnitude: `timestep` channel variance per frame, `sample` masked variance per sample,
     `sample_channel` masked variance per (sample, channel); raw outside the mask."""
@@ -164,8 +178,9 @@ def normalized_mse(pred: mx.array, target: mx.array, loss_mask: mx.array, mode: 
     return mx.where(mask, mse / magnitude, mse)
 
 
-def masked_loss(mse: mx.array, loss_mask: mx.array, signal_only: bool, padding_weight: float = 0.0,
-                count_eps: float = COUNT_EPS) -> tuple[mx.array, mx.array]:
+def masked_loss(
+    mse: mx.array, loss_mask: mx.array, signal_only: bool, padding_weight: float = 0.0, count_eps: float = COUNT_EPS
+) -> tuple[mx.array, mx.array]:
     """(batch loss, per-sample loss [B]): reduced per sample, then the mean over the batch."""
     inside = loss_mask.astype(mx.bool_)[:, None, :]
     channels = mse.shape[1]
@@ -190,12 +205,14 @@ def context_loss(mse: mx.array, context_mask: mx.array, count_eps: float = COUNT
     return mx.mean(total / (count + count_eps))
 
 
-def objective_loss(pred: mx.array, target: mx.array, padding_mask: mx.array, inpaint_mask: mx.array | None,
-                   cfg: ObjectiveConfig) -> tuple[mx.array, mx.array]:
+def objective_loss(
+    pred: mx.array, target: mx.array, padding_mask: mx.array, inpaint_mask: mx.array | None, cfg: ObjectiveConfig
+) -> tuple[mx.array, mx.array]:
     """(loss, per-sample main-term loss [B]) of one prediction, the context term included."""
     loss_mask, context_mask = loss_masks(padding_mask, inpaint_mask)
-    mse = normalized_mse(pred.astype(mx.float32), target.astype(mx.float32), loss_mask,
-                         cfg.loss_normalization, cfg.loss_norm_eps)
+    mse = normalized_mse(
+        pred.astype(mx.float32), target.astype(mx.float32), loss_mask, cfg.loss_normalization, cfg.loss_norm_eps
+    )
     loss, per_sample = masked_loss(mse, loss_mask, cfg.loss_on_signal_only, cfg.padding_loss_weight, cfg.count_eps)
     if context_mask is not None and cfg.context_loss_weight > 0:
         loss = loss + cfg.context_loss_weight * context_loss(mse, context_mask, cfg.count_eps)

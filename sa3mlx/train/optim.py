@@ -25,6 +25,7 @@ TORCH_ADAMW_DEFAULTS = {"betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01
 
 # ---- AdamW ------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class AdamWConfig:
     lr: float
@@ -39,8 +40,9 @@ class AdamWConfig:
 
 
 def make_adamw(cfg: AdamWConfig) -> optim.AdamW:
-    return optim.AdamW(learning_rate=cfg.lr, betas=list(cfg.betas), eps=cfg.eps,
-                       weight_decay=cfg.weight_decay, bias_correction=True)
+    return optim.AdamW(
+        learning_rate=cfg.lr, betas=list(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay, bias_correction=True
+    )
 
 
 def _leaves(tree, prefix: str = ""):
@@ -60,6 +62,7 @@ def optimizer_state_dict(opt: optim.Optimizer) -> dict[str, np.ndarray]:
 def load_optimizer_state(opt: optim.Optimizer, state: dict[str, np.ndarray], params) -> None:
     """Restore `optimizer_state_dict` output for the parameter tree `params` (same structure).
     The optimizer's state dict is refilled in place."""
+
     def moments(path: str):
         missing = [k for k in (f"{path}.m", f"{path}.v") if k not in state]
         if missing:
@@ -89,6 +92,7 @@ def _rebuild(tree, prefix: str, leaf_fn):
 
 # ---- learning-rate schedules ------------------------------------------------------------------
 
+
 class ConstantLR:
     name = "none"
 
@@ -110,8 +114,9 @@ class InverseLR:
 
     name = "inverse"
 
-    def __init__(self, lr: float, inv_gamma: float = 1.0, power: float = 1.0, warmup: float = 0.0,
-                 final_lr: float = 0.0):
+    def __init__(
+        self, lr: float, inv_gamma: float = 1.0, power: float = 1.0, warmup: float = 0.0, final_lr: float = 0.0
+    ):
         if not 0.0 <= warmup < 1.0:
             raise ValueError(f"InverseLR warmup must be in [0, 1), got {warmup}")
         self.lr_value, self.inv_gamma, self.power = float(lr), float(inv_gamma), float(power)
@@ -151,8 +156,14 @@ class WarmupStableDecay:
 
     name = "wsd"
 
-    def __init__(self, lr: float, max_minutes: float, warmup_frac: float = 0.02, decay_frac: float = 0.2,
-                 final_ratio: float = 0.1):
+    def __init__(
+        self,
+        lr: float,
+        max_minutes: float,
+        warmup_frac: float = 0.02,
+        decay_frac: float = 0.2,
+        final_ratio: float = 0.1,
+    ):
         if not max_minutes > 0:
             raise ValueError(f"warmup-stable-decay needs a positive max_minutes, got {max_minutes}")
         self.lr_value, self.max_minutes = float(lr), float(max_minutes)
@@ -175,9 +186,12 @@ class WarmupStableDecay:
             raise ValueError(f"step time must be positive, got {seconds_per_step}")
         left = max(0.0, self.budget_seconds - self.elapsed_seconds)
         total = max(1, steps_done + int(left // seconds_per_step))
-        self.plan = WSDPlan(total_steps=total, warmup_steps=max(1, math.ceil(self.warmup_frac * total)),
-                            decay_steps=max(1, math.ceil(self.decay_frac * total)),
-                            seconds_per_step=float(seconds_per_step))
+        self.plan = WSDPlan(
+            total_steps=total,
+            warmup_steps=max(1, math.ceil(self.warmup_frac * total)),
+            decay_steps=max(1, math.ceil(self.decay_frac * total)),
+            seconds_per_step=float(seconds_per_step),
+        )
         return self.plan
 
     def lr(self, k: int) -> float:
@@ -196,8 +210,11 @@ class WarmupStableDecay:
         return self.plan is not None and steps_done >= self.plan.total_steps
 
     def state_dict(self) -> dict:
-        return {"type": self.name, "plan": asdict(self.plan) if self.plan else None,
-                "elapsed_seconds": self.elapsed_seconds}
+        return {
+            "type": self.name,
+            "plan": asdict(self.plan) if self.plan else None,
+            "elapsed_seconds": self.elapsed_seconds,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         _check_type(self, state)
@@ -227,6 +244,7 @@ def _check_type(schedule, state: dict) -> None:
 
 
 # ---- gradients --------------------------------------------------------------------------------
+
 
 def global_norm(tree) -> mx.array:
     """sqrt(Σ_p ‖p‖²) over every array of a tree, in fp32 (underfit's grad norm and lora magnitude)."""

@@ -98,17 +98,26 @@ class TrainConfig:
 _DASHBOARD_OPTIM = {"lr": 1e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.01}
 PRESETS: dict[str, dict] = {
     "underfit-dashboard": {
-        **_DASHBOARD_OPTIM, "batch_size": 8, "timestep_sampler": "trunc_logit_normal",
-        "inpaint_mask_probabilities": (0.2, 0.6, 0.2), "lr_schedule": "inverse",
+        **_DASHBOARD_OPTIM,
+        "batch_size": 8,
+        "timestep_sampler": "trunc_logit_normal",
+        "inpaint_mask_probabilities": (0.2, 0.6, 0.2),
+        "lr_schedule": "inverse",
         "lr_schedule_options": {"inv_gamma": 1e6, "power": 0.5, "warmup": 0.995, "final_lr": 0.0},
         "grad_clip": 1.0,
     },
     "underfit-loop": {},  # the TrainConfig defaults are underfit's loop fallbacks
     "sa3-official": {
-        **_DASHBOARD_OPTIM, "adapter": {"exclude": None}, "timestep_sampler": "trunc_logit_normal",
-        "inpaint_mask_probabilities": (0.1, 0.8, 0.1), "mask_padding_attention": True,
-        "mask_loss_weight": 1.0, "use_effective_length_for_schedule": True,
-        "latent_crop_length": (int(380.0 * 44100) // 4096), "checkpoint_every": 500, "max_steps": 10_000,
+        **_DASHBOARD_OPTIM,
+        "adapter": {"exclude": None},
+        "timestep_sampler": "trunc_logit_normal",
+        "inpaint_mask_probabilities": (0.1, 0.8, 0.1),
+        "mask_padding_attention": True,
+        "mask_loss_weight": 1.0,
+        "use_effective_length_for_schedule": True,
+        "latent_crop_length": (int(380.0 * 44100) // 4096),
+        "checkpoint_every": 500,
+        "max_steps": 10_000,
         "drop_last": True,
     },
 }
@@ -170,12 +179,16 @@ def validate(cfg: TrainConfig, preset: str = "") -> None:
         options["max_minutes"] = cfg.max_minutes
     make_schedule(cfg.lr_schedule, cfg.lr, options)
     if cfg.loss_normalization not in LOSS_NORMALIZATIONS:
-        raise ValueError(f"{where}: unknown loss_normalization '{cfg.loss_normalization}'; "
-                         f"expected one of {', '.join(LOSS_NORMALIZATIONS)}")
+        raise ValueError(
+            f"{where}: unknown loss_normalization '{cfg.loss_normalization}'; "
+            f"expected one of {', '.join(LOSS_NORMALIZATIONS)}"
+        )
     probs = cfg.inpaint_mask_probabilities
     if probs is not None and (len(probs) != 3 or min(probs) < 0 or sum(probs) <= 0):
-        raise ValueError(f"{where}: inpaint_mask_probabilities must be 3 non-negative weights "
-                         f"[segments, full, causal], got {list(probs)}")
+        raise ValueError(
+            f"{where}: inpaint_mask_probabilities must be 3 non-negative weights "
+            f"[segments, full, causal], got {list(probs)}"
+        )
     for name in ("batch_size", "grad_accum", "max_steps", "checkpoint_every", "max_nonfinite"):
         if int(getattr(cfg, name)) < 1:
             raise ValueError(f"{where}: {name} must be >= 1, got {getattr(cfg, name)}")

@@ -4,9 +4,11 @@ and `loss_by_timestep.bin`.
 The bar is made and driven exactly as underfit's loop does (same tqdm arguments, same calls in
 the same order), so each redraw after a step reads e.g.
 
-    Step 2, Epoch 0:  33%|###3      | 2/6 [00:01<00:02, 1.9it/s, train/loss=0.123457, train/lr=1.000e-04, train/grad_norm=0.500000, train/lora_magnitude=12.345679]
+    Step 2, Epoch 0:  33%|###3      | 2/6 [00:01<00:02, 1.9it/s, train/loss=0.123457, train/lr=1.000e-04,
+    train/grad_norm=0.500000, train/lora_magnitude=12.345679]
 
-where `Step N` is the global step just completed, loss / grad norm (post-clip) / adapter
+(one console line, folded here), where `Step N` is the global step just completed, loss / grad norm
+(post-clip) / adapter
 magnitude are `{:.6f}` and lr is `{:.3e}` (the lr the next step will use).
 """
 
@@ -32,20 +34,30 @@ SAVE_REQUESTED = "\n[SIGUSR1] Checkpoint save requested — will save after curr
 
 # ---- the per-epoch bar ------------------------------------------------------------------------
 
+
 def step_description(global_step: int, epoch: int) -> str:
     return f"Step {global_step}, Epoch {epoch}"
 
 
-def epoch_bar(batches: Iterable, global_step: int, epoch: int, total: int | None = None,
-              file: IO | None = None, initial: int = 0) -> tqdm:
+def epoch_bar(
+    batches: Iterable, global_step: int, epoch: int, total: int | None = None, file: IO | None = None, initial: int = 0
+) -> tqdm:
     """The bar to iterate one epoch's batches with. `total` = batches in the epoch (needed when
     `batches` has no len); `initial` = batches of this epoch already done (a mid-epoch resume)."""
-    return tqdm(batches, desc=step_description(global_step, epoch), total=total, initial=initial,
-                mininterval=0, miniters=1, file=sys.stdout if file is None else file)
+    return tqdm(
+        batches,
+        desc=step_description(global_step, epoch),
+        total=total,
+        initial=initial,
+        mininterval=0,
+        miniters=1,
+        file=sys.stdout if file is None else file,
+    )
 
 
-def step_postfix(loss: float, lr: float, grad_norm: float | None = None,
-                 lora_magnitude: float | None = None) -> dict[str, str]:
+def step_postfix(
+    loss: float, lr: float, grad_norm: float | None = None, lora_magnitude: float | None = None
+) -> dict[str, str]:
     """The postfix, in underfit's key order; the norms only when known."""
     metrics = {"train/loss": f"{loss:.6f}", "train/lr": f"{lr:.3e}"}
     if grad_norm is not None:
@@ -55,8 +67,15 @@ def step_postfix(loss: float, lr: float, grad_norm: float | None = None,
     return metrics
 
 
-def report_step(bar: tqdm, global_step: int, epoch: int, loss: float, lr: float,
-                grad_norm: float | None = None, lora_magnitude: float | None = None) -> None:
+def report_step(
+    bar: tqdm,
+    global_step: int,
+    epoch: int,
+    loss: float,
+    lr: float,
+    grad_norm: float | None = None,
+    lora_magnitude: float | None = None,
+) -> None:
     """After a step: the metrics, then the description with the just-completed global step."""
     bar.set_postfix(step_postfix(loss, lr, grad_norm, lora_magnitude))
     bar.set_description(step_description(global_step, epoch))
@@ -75,6 +94,7 @@ def bar_paused(bar: tqdm):
 
 
 # ---- console lines ----------------------------------------------------------------------------
+
 
 def lora_config_lines(cfg: LoRAConfig) -> list[str]:
     """`LoRA config: rank=…, alpha=…, adapter_type=…` and the include / exclude lists when set."""
@@ -96,10 +116,12 @@ def trainable_params_line(count: int) -> str:
 
 
 def oversampling_line(files: int, batch_size: int, samples_per_epoch: int, random_crop: bool) -> str:
-    return (f"Dataset has {files} file{'s' if files != 1 else ''} < batch_size {batch_size}; "
-            f"oversampling with replacement → {samples_per_epoch} samples/epoch "
-            f"({samples_per_epoch // batch_size} iters/epoch)"
-            + ("" if random_crop else "  (tip: enable random_crop for real augmentation)"))
+    return (
+        f"Dataset has {files} file{'s' if files != 1 else ''} < batch_size {batch_size}; "
+        f"oversampling with replacement → {samples_per_epoch} samples/epoch "
+        f"({samples_per_epoch // batch_size} iters/epoch)"
+        + ("" if random_crop else "  (tip: enable random_crop for real augmentation)")
+    )
 
 
 def resume_line(step_offset: int, epoch_offset: int) -> str:
@@ -109,8 +131,10 @@ def resume_line(step_offset: int, epoch_offset: int) -> str:
 def training_to_lines(max_steps: int, step_offset: int, save_every: int) -> list[str]:
     """`max_steps` is the absolute global target; a second line when nothing is left to train."""
     new_steps = max(0, max_steps - step_offset)
-    lines = [f"Training to global step {max_steps} ({new_steps} new steps "
-             f"from step_offset={step_offset}); save every {save_every}"]
+    lines = [
+        f"Training to global step {max_steps} ({new_steps} new steps "
+        f"from step_offset={step_offset}); save every {save_every}"
+    ]
     if new_steps == 0:
         lines.append(f"step_offset ({step_offset}) is already at or past max_steps ({max_steps}); nothing to train.")
     return lines
@@ -133,6 +157,7 @@ def emit(lines: str | list[str], file: IO | None = None) -> None:
 
 # ---- loss_by_timestep.bin ---------------------------------------------------------------------
 
+
 class LossByTimestepLog:
     """Appends (step, mean shifted t, loss) records; opened lazily in append mode so resumes append;
     flushed when step % 10 == 0 and on close."""
@@ -154,7 +179,7 @@ class LossByTimestepLog:
             self._file.close()
             self._file = None
 
-    def __enter__(self) -> "LossByTimestepLog":
+    def __enter__(self) -> LossByTimestepLog:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -32,6 +32,7 @@ ARRAY_TAG = "__array__"
 
 # ---- the state --------------------------------------------------------------------------------
 
+
 @dataclass
 class ResumeState:
     step: int  # global steps completed
@@ -66,8 +67,14 @@ def save_resume(checkpoint: str | Path, state: ResumeState) -> Path:
         with open(tmp, "wb") as f:
             np.savez(f, **{k: arrays[k] for k in sorted(arrays)})
     record = asdict(state)
-    record.update(version=STATE_VERSION, checkpoint=Path(checkpoint).name, session=session_tree,
-                  adapter=sorted(state.adapter), arrays=npz_path.name, arrays_sha256=sha256_file(npz_path))
+    record.update(
+        version=STATE_VERSION,
+        checkpoint=Path(checkpoint).name,
+        session=session_tree,
+        adapter=sorted(state.adapter),
+        arrays=npz_path.name,
+        arrays_sha256=sha256_file(npz_path),
+    )
     save_json(json_path, record)
     return json_path
 
@@ -90,10 +97,17 @@ def load_resume(json_path: str | Path) -> ResumeState:
     with np.load(npz_path) as f:
         arrays = {k: f[k] for k in f.files}
     adapter = {k: arrays[f"adapter/{k}"] for k in record["adapter"]}
-    return ResumeState(step=int(record["step"]), epoch=int(record["epoch"]), fingerprint=record["fingerprint"],
-                       sampler=record["sampler"], session=join_arrays(record["session"], arrays),
-                       adapter=adapter, loop=record.get("loop", {}),
-                       fingerprint_inputs=record.get("fingerprint_inputs", {}), checkpoint=record["checkpoint"])
+    return ResumeState(
+        step=int(record["step"]),
+        epoch=int(record["epoch"]),
+        fingerprint=record["fingerprint"],
+        sampler=record["sampler"],
+        session=join_arrays(record["session"], arrays),
+        adapter=adapter,
+        loop=record.get("loop", {}),
+        fingerprint_inputs=record.get("fingerprint_inputs", {}),
+        checkpoint=record["checkpoint"],
+    )
 
 
 def split_arrays(tree, prefix: str):
@@ -124,6 +138,7 @@ def join_arrays(tree, arrays: dict[str, np.ndarray]):
 
 
 # ---- which state to resume from ---------------------------------------------------------------
+
 
 @dataclass
 class ResumeChoice:
@@ -160,6 +175,7 @@ def find_resume(root: str | Path, fingerprint: str) -> ResumeChoice:
 
 
 # ---- the fingerprint --------------------------------------------------------------------------
+
 
 def tree_digest(path: str | Path | None) -> str:
     """sha256 over (relative path, content sha256) of every file under `path` (or of the file),
@@ -204,8 +220,14 @@ def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
 
 # ---- resuming from a bare adapter (no resume state) -------------------------------------------
 
-def bare_offsets(path: str | Path, metadata: dict, step_offset: int | None = None, epoch_offset: int | None = None,
-                 steps_per_epoch: int | None = None) -> tuple[int, int]:
+
+def bare_offsets(
+    path: str | Path,
+    metadata: dict,
+    step_offset: int | None = None,
+    epoch_offset: int | None = None,
+    steps_per_epoch: int | None = None,
+) -> tuple[int, int]:
     """underfit's offset ladder: explicit offsets (even 0) > the file's `lora_config` step/epoch >
     `step=`/`epoch=` in its name > (epoch only) step // steps_per_epoch. Like underfit, a
     metadata value of 0 falls through to the name."""
@@ -220,8 +242,9 @@ def bare_offsets(path: str | Path, metadata: dict, step_offset: int | None = Non
     return int(step), int(epoch)
 
 
-def prepare_run(root: str | Path, fingerprint_value: str,
-                payload: dict | None = None) -> tuple[ResumeChoice, list[str]]:
+def prepare_run(
+    root: str | Path, fingerprint_value: str, payload: dict | None = None
+) -> tuple[ResumeChoice, list[str]]:
     """Decide how a stage run starts: resume the run's newest intact state when its fingerprint
     matches; otherwise clear the stale run (its checkpoints came from other inputs or settings).
     Orphan checkpoints newer than the resumed state are deleted. Returns the choice and the
@@ -231,8 +254,10 @@ def prepare_run(root: str | Path, fingerprint_value: str,
         for orphan in choice.orphans:
             for path in [orphan, *resume_files(orphan)]:
                 path.unlink(missing_ok=True)
-        lines = [f"resume: continuing from {choice.checkpoint.name} (step {choice.state.step}; fingerprint "
-                 f"{fingerprint_value[:12]} matches)"]
+        lines = [
+            f"resume: continuing from {choice.checkpoint.name} (step {choice.state.step}; fingerprint "
+            f"{fingerprint_value[:12]} matches)"
+        ]
         return choice, lines
     if choice.checkpoint is None:
         return choice, []
@@ -242,5 +267,7 @@ def prepare_run(root: str | Path, fingerprint_value: str,
         keys = changed_keys(old, payload) if old else []
         detail = f" ({', '.join(keys[:8])}{' …' if len(keys) > 8 else ''})" if keys else ""
     removed = clear_run(root)
-    return choice, [f"resume: starting over: {choice.reason}{detail}; removed the stale run's "
-                    f"{removed} checkpoint{'s' if removed != 1 else ''} in {root}"]
+    return choice, [
+        f"resume: starting over: {choice.reason}{detail}; removed the stale run's "
+        f"{removed} checkpoint{'s' if removed != 1 else ''} in {root}"
+    ]

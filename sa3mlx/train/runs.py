@@ -38,7 +38,7 @@ class RunPaths:
     session: str  # this process's 8-hex session folder
 
     @classmethod
-    def create(cls, save_dir: str | Path, name: str, session: str | None = None) -> "RunPaths":
+    def create(cls, save_dir: str | Path, name: str, session: str | None = None) -> RunPaths:
         checkpoints = session_dir(save_dir, name, session)
         return cls(Path(save_dir), name, checkpoints.parent.name)
 
@@ -151,10 +151,13 @@ class SaveRequests:
     stop_signal: int | None = None
     _previous: dict = field(default_factory=dict)
 
-    def __enter__(self) -> "SaveRequests":
+    def __enter__(self) -> SaveRequests:
         if threading.current_thread() is threading.main_thread():
-            for sig, handler in ((signal.SIGINT, self._on_stop), (signal.SIGTERM, self._on_stop),
-                                 (getattr(signal, "SIGUSR1", None), self._on_save)):
+            for sig, handler in (
+                (signal.SIGINT, self._on_stop),
+                (signal.SIGTERM, self._on_stop),
+                (getattr(signal, "SIGUSR1", None), self._on_save),
+            ):
                 if sig is not None:
                     self._previous[sig] = signal.signal(sig, handler)
         return self
@@ -173,8 +176,11 @@ class SaveRequests:
             raise KeyboardInterrupt
         self.stop_signal = signum
         name = signal.Signals(signum).name
-        print(f"\n[{name}] stopping: will save a checkpoint after the current step and exit",
-              file=self.out or sys.stdout, flush=True)
+        print(
+            f"\n[{name}] stopping: will save a checkpoint after the current step and exit",
+            file=self.out or sys.stdout,
+            flush=True,
+        )
 
     @property
     def stopping(self) -> bool:

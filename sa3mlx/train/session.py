@@ -30,8 +30,7 @@ from sa3mlx.models.prompt import PromptEncoder
 from sa3mlx.models.prompt_cache import PromptCache
 from sa3mlx.sample.shifts import make_shift
 from sa3mlx.train.objective import ObjectiveConfig, draw_cfg_dropout, draw_noise, random_inpaint_masks
-from sa3mlx.train.optim import (AdamWConfig, load_optimizer_state, make_adamw, make_schedule,
-                                optimizer_state_dict)
+from sa3mlx.train.optim import AdamWConfig, load_optimizer_state, make_adamw, make_schedule, optimizer_state_dict
 from sa3mlx.train.presets import TrainConfig
 from sa3mlx.train.step import TRAIN_MATERIALIZE, StepCore
 from sa3mlx.train.timesteps import sample_timesteps, schedule_seq_len, shift_timesteps
@@ -57,8 +56,17 @@ class Prepared:
 
 
 class TrainingSession:
-    def __init__(self, dit: DiT, cond: Conditioner, prompts: PromptEncoder, adapters: dict[str, AdaptedLayer],
-                 cfg: TrainConfig, model_config: ModelConfig, *, compile: bool = True):
+    def __init__(
+        self,
+        dit: DiT,
+        cond: Conditioner,
+        prompts: PromptEncoder,
+        adapters: dict[str, AdaptedLayer],
+        cfg: TrainConfig,
+        model_config: ModelConfig,
+        *,
+        compile: bool = True,
+    ):
         self.dit, self.cond, self.prompts, self.adapters = dit, cond, prompts, adapters
         self.cfg, self.model_config = cfg, model_config
         self.lora_config: LoRAConfig = cfg.adapter
@@ -76,8 +84,16 @@ class TrainingSession:
         self.skipped = 0  # steps skipped for a non-finite loss or gradient
 
     @classmethod
-    def build(cls, model_dir: str | Path, cfg: TrainConfig, seed: int, svd_dir: str | Path | None = None, *,
-              compile: bool = True, cache: PromptCache | None = None) -> "TrainingSession":
+    def build(
+        cls,
+        model_dir: str | Path,
+        cfg: TrainConfig,
+        seed: int,
+        svd_dir: str | Path | None = None,
+        *,
+        compile: bool = True,
+        cache: PromptCache | None = None,
+    ) -> TrainingSession:
         """A converted model folder (dit.npz, t5gemma.npz, t5gemma/, model_config.json) with fresh
         adapters per `cfg.adapter` (lora_A init from `seed`; -xs bases from the svd stage's folder)."""
         model_dir = Path(model_dir)
@@ -86,8 +102,9 @@ class TrainingSession:
         mx.eval(dit.parameters(), cond.parameters())  # read the npz now: its lazy reads may outlive the stream
         prompts = PromptEncoder.from_converted(model_dir, cache=cache if cache is not None else PromptCache())
         bases = read_bases(svd_dir) if svd_dir is not None else None
-        adapters = inject_adapters(dit, cond, cfg.adapter, bases, key=mx.random.key(int(seed)),
-                                   materialize=TRAIN_MATERIALIZE, announce=False)
+        adapters = inject_adapters(
+            dit, cond, cfg.adapter, bases, key=mx.random.key(int(seed)), materialize=TRAIN_MATERIALIZE, announce=False
+        )
         return cls(dit, cond, prompts, adapters, cfg, model_config, compile=compile)
 
     # ---- one step --------------------------------------------------------------------------
@@ -101,15 +118,28 @@ class TrainingSession:
         size, _, length = x0.shape
         hidden, prompt_mask = self.prompts(prompts)
         raw_t = sample_timesteps(self.cfg.timestep_sampler, size, rng, self.cfg.timestep_sampler_options)
-        seq_len = schedule_seq_len(seconds, length, self.use_effective_length, self.model_config.sample_rate,
-                                   self.model_config.autoencoder.downsampling_ratio)
+        seq_len = schedule_seq_len(
+            seconds,
+            length,
+            self.use_effective_length,
+            self.model_config.sample_rate,
+            self.model_config.autoencoder.downsampling_ratio,
+        )
         t = shift_timesteps(raw_t, self.shift, seq_len)
-        arrays = {"x0": x0, "noise": draw_noise(rng, x0.shape), "t": t, "prompt_hidden": hidden,
-                  "prompt_mask": prompt_mask, "seconds": seconds.astype(np.float32),
-                  "drop": draw_cfg_dropout(rng, size, self.objective.cfg_dropout_prob), "padding_mask": padding}
+        arrays = {
+            "x0": x0,
+            "noise": draw_noise(rng, x0.shape),
+            "t": t,
+            "prompt_hidden": hidden,
+            "prompt_mask": prompt_mask,
+            "seconds": seconds.astype(np.float32),
+            "drop": draw_cfg_dropout(rng, size, self.objective.cfg_dropout_prob),
+            "padding_mask": padding,
+        }
         if self.objective.inpainting:
-            arrays["inpaint_mask"] = random_inpaint_masks(rng, padding, self.objective.inpaint_mask_probabilities,
-                                                          mask_padding=self.objective.dit_padding_mask)
+            arrays["inpaint_mask"] = random_inpaint_masks(
+                rng, padding, self.objective.inpaint_mask_probabilities, mask_padding=self.objective.dit_padding_mask
+            )
         return Prepared({k: mx.array(v) for k, v in arrays.items()}, t)
 
     def micro_batches(self, batch) -> list:
@@ -124,7 +154,7 @@ class TrainingSession:
             raise ValueError(f"batch of {size} does not split into grad_accum={parts} equal micro-batches")
         step = size // parts
         names = ("latents", "padding_mask", "seconds_total", "prompts")
-        return [{n: _field(batch, n)[i * step:(i + 1) * step] for n in names} for i in range(parts)]
+        return [{n: _field(batch, n)[i * step : (i + 1) * step] for n in names} for i in range(parts)]
 
     def step(self, batch, rng: np.random.Generator, lr: float | None = None) -> StepOutput:
         """One optimizer step; `lr` overrides the schedule (e.g. before a WSD plan is frozen)."""
@@ -138,8 +168,14 @@ class TrainingSession:
         else:
             self.skipped += 1
         t_mean = float(np.mean(np.concatenate([p.t for p in prepared])))
-        return StepOutput(loss=float(loss.item()), grad_norm=float(norm.item()) if finite else float("nan"),
-                          lora_magnitude=float(magnitude.item()), t_mean=t_mean, lr=lr, finite=finite)
+        return StepOutput(
+            loss=float(loss.item()),
+            grad_norm=float(norm.item()) if finite else float("nan"),
+            lora_magnitude=float(magnitude.item()),
+            t_mean=t_mean,
+            lr=lr,
+            finite=finite,
+        )
 
     @property
     def next_lr(self) -> float:
@@ -166,9 +202,14 @@ class TrainingSession:
     def state_dict(self) -> dict:
         """Everything a bit-exact resume needs besides the data position: optimizer moments,
         schedule state, counters and the fp32 adapters (checkpoints hold fp16)."""
-        return {"version": STATE_VERSION, "optimizer": optimizer_state_dict(self.optimizer),
-                "schedule": self.schedule.state_dict(), "updates": self.updates, "skipped": self.skipped,
-                "adapters": self.adapter_state()}
+        return {
+            "version": STATE_VERSION,
+            "optimizer": optimizer_state_dict(self.optimizer),
+            "schedule": self.schedule.state_dict(),
+            "updates": self.updates,
+            "skipped": self.skipped,
+            "adapters": self.adapter_state(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("version") != STATE_VERSION:

@@ -14,7 +14,7 @@ inside the graph) and reports `finite = False`.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.optimizers as optim
@@ -24,8 +24,7 @@ from sa3mlx.lora.layers import AdaptedLayer
 from sa3mlx.models.conditioning import Conditioner
 from sa3mlx.models.dit import DiT
 from sa3mlx.runtime.precision import announce_compile
-from sa3mlx.train.objective import (ObjectiveConfig, drop_cross_attention, local_add_cond, objective_loss,
-                                    rectified_flow)
+from sa3mlx.train.objective import ObjectiveConfig, drop_cross_attention, local_add_cond, objective_loss, rectified_flow
 from sa3mlx.train.optim import accumulate, average, clip_grad_norm, global_norm
 
 # adapters train in their unmaterialised form (low-rank branch + DoRA gains): no full-size weight
@@ -35,24 +34,33 @@ BATCH_KEYS = ("x0", "noise", "t", "prompt_hidden", "prompt_mask", "seconds", "dr
 OPTIONAL_KEYS = ("inpaint_mask",)
 
 
-def predict(dit: DiT, cond: Conditioner, batch: dict, cfg: ObjectiveConfig,
-            capture: dict | None = None) -> tuple[mx.array, mx.array]:
+def predict(
+    dit: DiT, cond: Conditioner, batch: dict, cfg: ObjectiveConfig, capture: dict | None = None
+) -> tuple[mx.array, mx.array]:
     """(velocity v [B,C,T], target [B,C,T]) of a prepared batch through the (adapted) model."""
     x0 = batch["x0"]
     noised, target = rectified_flow(x0, batch["noise"], batch["t"])
     inputs = cond.assemble(batch["prompt_hidden"], batch["prompt_mask"], batch["seconds"])
     cross = drop_cross_attention(inputs.cross_attn_cond, batch["drop"])
     if capture is not None:
-        capture.update(noised=noised, target=target, cross_attn_cond=inputs.cross_attn_cond,
-                       global_cond=inputs.global_cond)
+        capture.update(
+            noised=noised, target=target, cross_attn_cond=inputs.cross_attn_cond, global_cond=inputs.global_cond
+        )
     padding = batch["padding_mask"] if cfg.dit_padding_mask else None
-    v = dit(noised, batch["t"], cross, inputs.global_cond, local_add_cond(x0, batch.get("inpaint_mask")),
-            padding_mask=padding)
+    v = dit(
+        noised,
+        batch["t"],
+        cross,
+        inputs.global_cond,
+        local_add_cond(x0, batch.get("inpaint_mask")),
+        padding_mask=padding,
+    )
     return v, target
 
 
-def batch_loss(dit: DiT, cond: Conditioner, batch: dict, cfg: ObjectiveConfig,
-               capture: dict | None = None) -> tuple[mx.array, mx.array, mx.array]:
+def batch_loss(
+    dit: DiT, cond: Conditioner, batch: dict, cfg: ObjectiveConfig, capture: dict | None = None
+) -> tuple[mx.array, mx.array, mx.array]:
     """(loss, per-sample loss [B], v) of a prepared batch."""
     v, target = predict(dit, cond, batch, cfg, capture)
     loss, per_sample = objective_loss(v, target, batch["padding_mask"], batch.get("inpaint_mask"), cfg)
@@ -63,8 +71,9 @@ class AdapterParams:
     """The trainable adapter tensors under their checkpoint keys, and the layer slot of each."""
 
     def __init__(self, layers: dict[str, AdaptedLayer]):
-        self.slots = {lora_key(name, param): (layer, param)
-                      for name, layer in layers.items() for param in layer.lora_state()}
+        self.slots = {
+            lora_key(name, param): (layer, param) for name, layer in layers.items() for param in layer.lora_state()
+        }
 
     def read(self) -> dict[str, mx.array]:
         return {key: layer[param] for key, (layer, param) in self.slots.items()}
@@ -77,6 +86,7 @@ class AdapterParams:
 
 def loss_and_grads(dit: DiT, cond: Conditioner, params: AdapterParams, cfg: ObjectiveConfig) -> Callable:
     """f(values, batch) -> ((loss, per_sample, v), grads by checkpoint key)."""
+
     def loss_fn(values: dict, batch: dict):
         params.write(values)
         return batch_loss(dit, cond, batch, cfg)
@@ -94,8 +104,16 @@ class StepCore:
     the update).
     """
 
-    def __init__(self, dit: DiT, cond: Conditioner, layers: dict[str, AdaptedLayer], cfg: ObjectiveConfig,
-                 optimizer: optim.Optimizer, grad_clip: float | None = None, compile: bool = True):
+    def __init__(
+        self,
+        dit: DiT,
+        cond: Conditioner,
+        layers: dict[str, AdaptedLayer],
+        cfg: ObjectiveConfig,
+        optimizer: optim.Optimizer,
+        grad_clip: float | None = None,
+        compile: bool = True,
+    ):
         self.params = AdapterParams(layers)
         self.values = self.params.read()
         self.optimizer, self.grad_clip = optimizer, grad_clip

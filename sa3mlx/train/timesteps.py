@@ -11,13 +11,11 @@ sequence length is per sample from the full-song `seconds_total` when the model 
 from __future__ import annotations
 
 import math
-
 from statistics import NormalDist
 
 import numpy as np
 
 from sa3mlx.sample.shifts import sigmoid_f32
-
 
 F32 = np.float32
 SAMPLERS = ("uniform", "logit_normal", "trunc_logit_normal", "log_snr", "log_snr_uniform")
@@ -26,6 +24,7 @@ LOGSNR_CLAMP_EPS = 1e-4  # official clamp of the log-SNR samplers' t
 
 
 # ---- samplers: pure transforms of supplied draws ---------------------------------------------
+
 
 def uniform_t(u) -> np.ndarray:
     return np.asarray(u, F32).copy()
@@ -59,6 +58,7 @@ def _normal_icdf_f32(p) -> np.ndarray:
 
 def trunc_logit_normal_raw(z, left_trunc: float = 0.075, right_trunc: float = 1.0) -> np.ndarray:
     """The official `truncated_logistic_normal_rescaled` of draws z: values in [0, 1)."""
+
     def bound(p: float) -> F32:
         logit = math.inf if p >= 1 else -math.inf if p <= 0 else math.log(p / (1 - p))
         return _normal_cdf_f32(np.float32(logit))[()]
@@ -78,24 +78,33 @@ def _clamp_t(t: np.ndarray, eps: float) -> np.ndarray:
     return np.clip(t, F32(eps), F32(1 - eps)).astype(F32)
 
 
-def log_snr_t(z, mean_logsnr: float = -1.2, std_logsnr: float = 2.0,
-              clamp_eps: float = LOGSNR_CLAMP_EPS) -> np.ndarray:
+def log_snr_t(z, mean_logsnr: float = -1.2, std_logsnr: float = 2.0, clamp_eps: float = LOGSNR_CLAMP_EPS) -> np.ndarray:
     logsnr = (np.asarray(z, F32) * F32(std_logsnr) + F32(mean_logsnr)).astype(F32)
     return _clamp_t(sigmoid_f32(-logsnr), clamp_eps)
 
 
-def log_snr_uniform_t(u, min_logsnr: float = -6.0, max_logsnr: float = 5.0,
-                      clamp_eps: float = LOGSNR_CLAMP_EPS) -> np.ndarray:
+def log_snr_uniform_t(
+    u, min_logsnr: float = -6.0, max_logsnr: float = 5.0, clamp_eps: float = LOGSNR_CLAMP_EPS
+) -> np.ndarray:
     logsnr = (np.asarray(u, F32) * F32(max_logsnr - min_logsnr) + F32(min_logsnr)).astype(F32)
     return _clamp_t(sigmoid_f32(-logsnr), clamp_eps)
 
 
-TRANSFORMS = {"uniform": uniform_t, "logit_normal": logit_normal_t,
-               "trunc_logit_normal": trunc_logit_normal_t, "log_snr": log_snr_t,
-               "log_snr_uniform": log_snr_uniform_t}
+TRANSFORMS = {
+    "uniform": uniform_t,
+    "logit_normal": logit_normal_t,
+    "trunc_logit_normal": trunc_logit_normal_t,
+    "log_snr": log_snr_t,
+    "log_snr_uniform": log_snr_uniform_t,
+}
 # the `timestep_sampler_options` each sampler accepts (the official names)
-SAMPLER_OPTIONS = {"uniform": (), "logit_normal": (), "trunc_logit_normal": ("left_trunc", "right_trunc"),
-                   "log_snr": ("mean_logsnr", "std_logsnr"), "log_snr_uniform": ("min_logsnr", "max_logsnr")}
+SAMPLER_OPTIONS = {
+    "uniform": (),
+    "logit_normal": (),
+    "trunc_logit_normal": ("left_trunc", "right_trunc"),
+    "log_snr": ("mean_logsnr", "std_logsnr"),
+    "log_snr_uniform": ("min_logsnr", "max_logsnr"),
+}
 
 
 def check_sampler(name: str, options: dict | None = None) -> None:
@@ -103,8 +112,9 @@ def check_sampler(name: str, options: dict | None = None) -> None:
         raise ValueError(f"unknown timestep sampler '{name}'; expected one of {', '.join(SAMPLERS)}")
     unknown = sorted(set(options or {}) - set(SAMPLER_OPTIONS[name]))
     if unknown:
-        raise ValueError(f"timestep sampler '{name}' has no option(s) {unknown}; "
-                         f"it takes {list(SAMPLER_OPTIONS[name]) or 'none'}")
+        raise ValueError(
+            f"timestep sampler '{name}' has no option(s) {unknown}; it takes {list(SAMPLER_OPTIONS[name]) or 'none'}"
+        )
 
 
 def draw_for(name: str, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -127,14 +137,20 @@ def sample_timesteps(name: str, n: int, rng: np.random.Generator, options: dict 
 
 # ---- sequence lengths --------------------------------------------------------------------------
 
+
 def effective_seq_len(seconds_total, sample_rate: int = 44100, downsampling_ratio: int = 4096) -> np.ndarray:
     """Per-sample latent length of the full song: ceil(int(seconds·sample_rate) / ratio), fp32."""
     lengths = [math.ceil(int(float(s) * sample_rate) / downsampling_ratio) for s in np.ravel(seconds_total)]
     return np.asarray(lengths, F32)
 
 
-def schedule_seq_len(seconds_total, crop_length: int, use_effective_length: bool,
-                     sample_rate: int = 44100, downsampling_ratio: int = 4096):
+def schedule_seq_len(
+    seconds_total,
+    crop_length: int,
+    use_effective_length: bool,
+    sample_rate: int = 44100,
+    downsampling_ratio: int = 4096,
+):
     """What the shift is given: per-sample effective lengths, or the crop length as a python int
     when the config does not ask for effective lengths or a sample lacks seconds_total."""
     if use_effective_length and seconds_total is not None and not np.any(np.isnan(np.asarray(seconds_total, float))):
@@ -149,6 +165,7 @@ def shift_timesteps(t, shift, seq_len) -> np.ndarray:
 
 
 # ---- log-SNR conditioning value ----------------------------------------------------------------
+
 
 def t_to_logsnr_cond(t, logsnr_min: float = -12.0, logsnr_max: float = 5.0, t_clamp_eps: float = 1e-7) -> np.ndarray:
     """SA3's `_t_to_logsnr_cond`: (max − clamp(log((1−t)/t), min, max)) / (max − min), fp32."""
