@@ -4,6 +4,7 @@ git+dvc copy of the project."""
 
 import io
 
+import numpy as np
 import pytest
 import yaml
 from dvc_project import make_project, run
@@ -14,6 +15,7 @@ from sa3mlx.lora.checkpoint import read_lora
 from sa3mlx.lora.validate import validate
 from sa3mlx.train import progress as P
 from sa3mlx.train.job import TrainJob
+from sa3mlx.train.loop import batch_inputs
 from sa3mlx.train.runs import list_checkpoints
 
 
@@ -112,3 +114,33 @@ def test_dvc_repro_train_on_the_embedded_default(tmp_path):
     again = run(["dvc", "repro", "train"], project)
     assert f"resume: continuing from {params['name']}-step={params['max_steps']}-" in again
     assert validate(final)["config"]["step"] == params["max_steps"] + 4
+
+
+@pytest.mark.parametrize("override", [None, False])
+def test_padded_batch_takes_the_masked_path_the_model_config_asks_for(tiny_project, monkeypatch, override):
+    from sa3mlx.models.dit import DiT
+
+    params = {} if override is None else {"mask_padding_attention": override}
+    job = _job(tiny_project, name="masked", latent_crop_length=48, **params)  # longer than every clip
+    assert job.model_config().mask_padding_attention  # tiny-base, as every shipped SA3 config
+    expected = override is None
+    source = "model config" if override is None else "train.mask_padding_attention"
+    assert f"mask_padding_attention {str(expected).lower()} ({source})" in job.describe()
+    session, loader = job.build()
+    batch = next(loader.epoch())
+    assert not batch.padding_mask.all(axis=1).any()  # every row padded
+    seen = []
+    forward = DiT.__call__
+
+    def spy(self, *args, padding_mask=None, **kwargs):
+        seen.append(None if padding_mask is None else padding_mask.shape)  # traced by mx.compile: no values
+        return forward(self, *args, padding_mask=padding_mask, **kwargs)
+
+    monkeypatch.setattr(DiT, "__call__", spy)
+    assert session.objective.dit_padding_mask is expected and session.objective.loss_on_signal_only is expected
+    assert session.step(batch_inputs(batch), np.random.default_rng(0)).finite
+    assert seen
+    if expected:
+        assert seen == [batch.padding_mask.shape] * len(seen)
+    else:
+        assert seen == [None] * len(seen)

@@ -27,6 +27,7 @@ import yaml
 from sa3mlx.data.dataset import BatchLoader, EpochSampler, PreEncodedDataset
 from sa3mlx.lora.types import adapter_kind
 from sa3mlx.models.config import ModelConfig
+from sa3mlx.runtime.layout import MODEL_CONFIG_FILE
 from sa3mlx.train import progress as P
 from sa3mlx.train.demos import DemoSettings, TrainDemos
 from sa3mlx.train.loop import LoopSettings, TrainingLoop
@@ -191,7 +192,7 @@ class TrainJob:
         session = TrainingSession.build(
             self.model_dir, cfg, seed=cfg.seed, svd_dir=self.svd_dir if self.uses_svd() else None
         )
-        variant = ModelConfig.load(self.model_dir / "model_config.json").variant
+        variant = self.model_config().variant
         dataset = PreEncodedDataset(self.latents, cfg.crop_length(variant), cfg.random_crop, cfg.prompts)
         sampler = EpochSampler(len(dataset), cfg.batch_size, cfg.seed, drop_last=cfg.drop_last)
         return session, BatchLoader(dataset, sampler)
@@ -243,11 +244,16 @@ class TrainJob:
             say=lambda line: P.emit(line, out),
         )
 
+    def model_config(self) -> ModelConfig:
+        return ModelConfig.load(self.model_dir / MODEL_CONFIG_FILE)
+
     def describe(self) -> str:
-        cfg = self.cfg
+        cfg = self.cfg.for_model(self.model_config())
+        masking = "train.mask_padding_attention" if self.cfg.mask_padding_attention is not None else "model config"
         return (
             f"preset {self.preset or 'underfit-dashboard'}, {cfg.adapter.adapter_type} r{cfg.adapter.rank}, "
             f"lr {cfg.lr:g} ({cfg.lr_schedule}), batch {cfg.batch_size}, crop {cfg.latent_crop_length}, "
+            f"mask_padding_attention {str(cfg.mask_padding_attention).lower()} ({masking}), "
             f"to step {cfg.max_steps} on {self.base}; run {self.run_paths('x').root}"
         )
 
