@@ -16,7 +16,6 @@ them reruns the stage, which resumes.
 from __future__ import annotations
 
 import re
-import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -200,20 +199,20 @@ class TrainJob:
     # ---- the stage run --------------------------------------------------------------------------
 
     def run(self, out: IO | None = None) -> int:
-        out = out or sys.stdout
+        console = P.Console(out)
         if self.smoke_mode:
-            return self.smoke(out)
+            return self.smoke(console.out)
         payload = self.fingerprint_payload()
         key = fingerprint(payload)
         run = self.run_paths()
         choice, lines = prepare_run(run.root, key, payload)
         run.ensure_root()
-        P.emit([f"train: {self.describe()}", *lines], out)
+        console.say([f"train: {self.describe()}", *lines])
         session, loader = self.build()
         settings = LoopSettings.from_config(self.cfg, fingerprint=key, fingerprint_inputs=payload)
-        metrics = TrainingMetrics(self.metrics_dir, choice.state.step if choice.state else None)
-        demos = self.demo_hook(session, run, fresh=choice.state is None, out=out)
-        loop = TrainingLoop(session, loader, run, settings, metrics=metrics, out=out, on_step=demos)
+        callbacks = [TrainingMetrics(self.metrics_dir, choice.state.step if choice.state else None)]
+        callbacks += self.demo_callbacks(session, run, console)
+        loop = TrainingLoop(session, loader, run, settings, callbacks=callbacks, console=console)
         if choice.state is not None:
             loop.restore(choice.state, choice.checkpoint)
         elif self.init_from:
@@ -221,18 +220,18 @@ class TrainJob:
         result = loop.run()
         if result.status == "done" and result.checkpoint is not None:
             copy_atomic(result.checkpoint, self.final_adapter)
-            P.emit(f"train: final adapter {self.final_adapter} (= {result.checkpoint.name})", out)
+            console.say(f"train: final adapter {self.final_adapter} (= {result.checkpoint.name})")
         elif result.status == "done":
-            P.emit("train: nothing was trained and the run has no checkpoint", out)
+            console.say("train: nothing was trained and the run has no checkpoint")
             return 1
         return result.exit_code
 
-    def demo_hook(self, session, run: RunPaths, fresh: bool, out: IO) -> TrainDemos | None:
-        """The loop's demo hook (None when `train.demos.every` is 0 or there are no entries)."""
+    def demo_callbacks(self, session, run: RunPaths, console: P.Console) -> list[TrainDemos]:
+        """The in-training demos (none when `train.demos.every` is 0 or there are no entries)."""
         if not self.demos.on:
-            return None
-        P.emit(f"train: demos every {self.demos.every} steps ({len(self.demos.entries)} entries) -> {run.demos}", out)
-        return TrainDemos(
+            return []
+        console.say(f"train: demos every {self.demos.every} steps ({len(self.demos.entries)} entries) -> {run.demos}")
+        demos = TrainDemos(
             self.demos,
             session,
             run.demos,
@@ -240,9 +239,9 @@ class TrainJob:
             self.arc_dir,
             svd_dir=self.svd_dir if self.uses_svd() else None,
             label=run.label,
-            fresh=fresh,
-            say=lambda line: P.emit(line, out),
+            say=console.say,
         )
+        return [demos]
 
     def model_config(self) -> ModelConfig:
         return ModelConfig.load(self.model_dir / MODEL_CONFIG_FILE)
@@ -263,17 +262,17 @@ class TrainJob:
         """A few steps, save, a fresh session resumed from the save for a few more: the resumed
         adapter and state must equal an uninterrupted run's, byte for byte. Writes the adapter
         as the stage output; never touches runs/<name>/."""
-        out = out or sys.stdout
+        console = P.Console(out)
         before, after = SMOKE_STEPS
         cfg = replace(self.cfg, max_steps=before, checkpoint_every=before, keep_last=None)
-        P.emit(f"smoke: {before} steps, save, resume in a fresh session, {after} more ({self.describe()})", out)
+        console.say(f"smoke: {before} steps, save, resume in a fresh session, {after} more ({self.describe()})")
         with tempfile.TemporaryDirectory(prefix="sa3mlx-smoke-") as tmp:
-            straight = self._smoke_loop(cfg, Path(tmp) / "a", out)
+            straight = self._smoke_loop(cfg, Path(tmp) / "a", console)
             straight.run()
             saved = straight.last_checkpoint
-            straight.settings.max_steps = before + after
+            straight.settings = replace(straight.settings, max_steps=before + after)  # a second run, longer
             straight.run()
-            resumed = self._smoke_loop(replace(cfg, max_steps=before + after), Path(tmp) / "b", out)
+            resumed = self._smoke_loop(replace(cfg, max_steps=before + after), Path(tmp) / "b", console)
             resumed.restore(load_resume(resume_files(saved)[1]), saved)
             resumed.run()
             problems = _compare_runs(straight.last_checkpoint, resumed.last_checkpoint)
@@ -281,19 +280,18 @@ class TrainJob:
                 copy_atomic(resumed.last_checkpoint, self.final_adapter)
         self.run_paths("x").ensure_root()  # the stage's persist output exists, untouched
         if problems:
-            P.emit(["smoke: FAILED: the resumed run differs from the uninterrupted one:", *problems], out)
+            console.say(["smoke: FAILED: the resumed run differs from the uninterrupted one:", *problems])
             return 1
-        P.emit(
+        console.say(
             f"smoke: OK: resumed at step {before}, {after} more steps; adapter and optimizer state "
-            f"byte-identical to an uninterrupted run ({self.final_adapter})",
-            out,
+            f"byte-identical to an uninterrupted run ({self.final_adapter})"
         )
         return 0
 
-    def _smoke_loop(self, cfg: TrainConfig, save_dir: Path, out: IO) -> TrainingLoop:
+    def _smoke_loop(self, cfg: TrainConfig, save_dir: Path, console: P.Console) -> TrainingLoop:
         session, loader = self.build(cfg)
         run = RunPaths.create(save_dir, self.name, "00000000")
-        return TrainingLoop(session, loader, run, LoopSettings.from_config(cfg), out=out)
+        return TrainingLoop(session, loader, run, LoopSettings.from_config(cfg), console=console)
 
 
 def _compare_runs(a: Path, b: Path) -> list[str]:
