@@ -239,8 +239,8 @@ def test_the_session_contract_and_one_callback_interface(tmp_path):
         def on_checkpoint(self, path, step, epoch):
             events.append(("saved", step, epoch))
 
-        def on_run_end(self, status, step):
-            events.append(("end", status, step))
+        def on_run_end(self, status, step, checkpoint):
+            events.append(("end", status, step, checkpoint.name))
 
     session = FakeSession(on_step=lambda s: s.calls == 5 and os.kill(os.getpid(), signal.SIGINT))
     loop = make_loop(tmp_path, session=session, max_steps=7, checkpoint_every=2, callbacks=[Record()])
@@ -249,23 +249,23 @@ def test_the_session_contract_and_one_callback_interface(tmp_path):
     assert events == [
         ("start", 0, True),
         ("step", 1, None, False),
-        ("saved", 2, 0),
         ("step", 2, name.format(2, 0), False),
+        ("saved", 2, 0),
         ("step", 3, None, False),
-        ("saved", 4, 1),
         ("step", 4, name.format(4, 1), False),
-        ("saved", 5, 1),
+        ("saved", 4, 1),
         ("step", 5, name.format(5, 1), True),
-        ("end", "interrupted", 5),
+        ("saved", 5, 1),
+        ("end", "interrupted", 5, name.format(5, 1)),
     ]
     events.clear()
     resumed = make_loop(tmp_path, max_steps=7, checkpoint_every=2, callbacks=[Record()], session_id="eeee0005")
     resumed.restore(find_resume(resumed.run_paths.root, "").state)
     resumed.run()
     assert events[0] == ("start", 5, False) and events[-3:] == [
-        ("saved", 7, 3),
         ("step", 7, name.format(7, 3), False),
-        ("end", "done", 7),
+        ("saved", 7, 3),
+        ("end", "done", 7, name.format(7, 3)),
     ]
     with pytest.raises(FrozenInstanceError):
         resumed.settings.max_steps = 9

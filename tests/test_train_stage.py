@@ -38,19 +38,22 @@ def test_real_run_stdout_reads_like_underfit_for_the_dashboard(tiny_project):
     assert all(total == 3 and epoch == (step - 1) // 3 for step, (epoch, total, _) in steps.items())
     final = read_lora(tiny_project / "models" / "lora" / "console.safetensors")
     trainable = sum(v.size for tensors in final.layers.values() for v in tensors.values())
-    assert plain[1:5] == [
+    assert plain[1:6] == [
+        "train: prompts: 0 of 6 training items have an empty prompt (no tags or other source)",
         "LoRA config: rank=4, alpha=4, adapter_type=dora-rows",
-        plain[2],
+        plain[3],
         f"lora layers: {len(final.layers)}",
         f"Trainable LoRA params: {trainable:,}",
     ]
-    assert plain[2].startswith("  exclude: ['to_timestep_embed'")
+    assert plain[3].startswith("  exclude: ['to_timestep_embed'")
+    best = tiny_project / "models" / "lora" / "console-best.safetensors"
     preview = plain.index("Prompt preview (6 samples):")
     assert plain[preview + 7 :] == [
         "Training to global step 8 (8 new steps from step_offset=0); save every 3",
         "✓ Saved checkpoint -- console-step=3-epoch=0.safetensors",
         "✓ Saved checkpoint -- console-step=6-epoch=1.safetensors",
         "✓ Saved checkpoint -- console-step=8-epoch=3.safetensors (final)",
+        f"best: no candidate past the warm-up (train loss EMA 0.9); the final adapter -> {best}",
         P.TRAINING_DONE,
         f"train: final adapter {tiny_project}/models/lora/console.safetensors (= console-step=8-epoch=3.safetensors)",
     ]
@@ -58,6 +61,7 @@ def test_real_run_stdout_reads_like_underfit_for_the_dashboard(tiny_project):
     assert [r[0] for r in records] == list(range(8)) and all(0 < r[1] < 1 for r in records)
     report = validate(tiny_project / "models" / "lora" / "console.safetensors")
     assert report["ok"] and report["config"]["step"] == 8 and report["config"]["epoch"] == 3
+    assert best.read_bytes() == (tiny_project / "models" / "lora" / "console.safetensors").read_bytes()
 
 
 def test_smoke_mode_checks_a_resume_and_leaves_the_run_alone(tiny_project):

@@ -4,8 +4,8 @@
   stand-in, implement it): one step from a batch and a generator, the lr the next step will use,
   the adapters and their state, the full resume state, the lr schedule.
 - `TrainingCallback`: what runs around the steps (metrics, demos, validation, the best checkpoint),
-  in the manner of mlx-lm's `TrainingCallback`: `on_run_start`, `on_step` after each step and its
-  save, `on_checkpoint` after each save, `on_run_end`. A callback must not touch the session's
+  in the manner of mlx-lm's `TrainingCallback`: `on_run_start`, `on_step` after each step (and
+  its adapter file), `on_checkpoint` after each save, `on_run_end`. A callback must not touch the session's
   training state: a resumed run stays bit-exact whatever the callbacks do. One with state of its
   own that a resume must continue (`state_dict` / `load_state_dict`) is saved in the resume state
   under its `name`.
@@ -73,13 +73,14 @@ class TrainingCallback:
         """Before the first step of a run: `fresh` is False when it continues a resume state."""
 
     def on_step(self, report: StepReport) -> None:
-        """After each step, and after that step's checkpoint when one was saved."""
+        """After each step, and after that step's adapter file when one was saved (its resume
+        state is written after this hook, with this callback's state after this step)."""
 
     def on_checkpoint(self, path: Path, step: int, epoch: int) -> None:
         """After a checkpoint and its resume state are written."""
 
-    def on_run_end(self, status: str, step: int) -> None:
-        """When the run returns (status done / interrupted / nonfinite)."""
+    def on_run_end(self, status: str, step: int, checkpoint: Path | None) -> None:
+        """When the run returns (status done / interrupted / nonfinite; its newest checkpoint)."""
 
     def state_dict(self) -> dict:
         return {}

@@ -23,19 +23,34 @@ from typing import IO
 
 import yaml
 
-from sa3mlx.data.dataset import BatchLoader, EpochSampler, PreEncodedDataset
+from sa3mlx.data.dataset import BatchLoader, EpochSampler, PreEncodedDataset, find_latents
 from sa3mlx.lora.types import adapter_kind
 from sa3mlx.models.config import ModelConfig
-from sa3mlx.runtime.layout import MODEL_CONFIG_FILE
+from sa3mlx.runtime.layout import LORA_DIR, MODEL_CONFIG_FILE
 from sa3mlx.train import progress as P
+from sa3mlx.train.best import BestCheckpoint, BestSettings
 from sa3mlx.train.demos import DemoSettings, TrainDemos
+from sa3mlx.train.guards import empty_prompt_lines
 from sa3mlx.train.loop import LoopSettings, TrainingLoop
 from sa3mlx.train.metrics import TrainingMetrics
 from sa3mlx.train.presets import TrainConfig, resolve
 from sa3mlx.train.resume import fingerprint, fingerprint_inputs, load_resume, prepare_run, resume_files
 from sa3mlx.train.runs import RunPaths, copy_atomic
+from sa3mlx.train.validation import ValidationSettings, Validator
 
-STAGE_KEYS = ("preset", "name", "smoke", "init_from", "step_offset", "epoch_offset", "demos")  # not TrainConfig fields
+# not TrainConfig fields
+STAGE_KEYS = (
+    "preset",
+    "name",
+    "smoke",
+    "init_from",
+    "step_offset",
+    "epoch_offset",
+    "demos",
+    "validation",
+    "best",
+    "strict",
+)
 # deps that only the in-training demos read: declared (DVC reruns the stage) but not fingerprinted (it resumes)
 DEMO_DEPS = (
     "models/converted/${model.arc}",
@@ -52,6 +67,7 @@ DEMO_DEPS = (
     "sa3mlx/sample/samplers.py",
     "sa3mlx/sample/schedule.py",
 )
+BEST_SUFFIX = "-best"  # models/lora/<name>-best.safetensors
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 SMOKE_STEPS = (3, 3)  # steps before the save, steps after the resume
 
@@ -70,6 +86,9 @@ class TrainJob:
     dvc_file: str = "dvc.yaml"
     arc: str | None = None  # model.arc: the ARC model of the in-training demos
     demos: DemoSettings = DemoSettings()
+    validation: ValidationSettings = ValidationSettings()
+    best: BestSettings = BestSettings()
+    strict: bool = False  # fail on a prompt census over the limit instead of warning
 
     @classmethod
     def from_params(cls, params: dict, base: str, root: str | Path = ".", arc: str | None = None) -> TrainJob:
@@ -88,6 +107,9 @@ class TrainJob:
             root=Path(root),
             arc=arc,
             demos=DemoSettings.from_params(stage.get("demos")),
+            validation=ValidationSettings.from_params(stage.get("validation")),
+            best=BestSettings.from_params(stage.get("best")),
+            strict=bool(stage.get("strict", False)),
         )
         if not NAME_RE.fullmatch(job.name):
             raise ValueError(
@@ -117,6 +139,10 @@ class TrainJob:
     @property
     def final_adapter(self) -> Path:
         return self.root / "models" / "lora" / f"{self.name}.safetensors"
+
+    @property
+    def best_adapter(self) -> Path:
+        return self.root / LORA_DIR / f"{self.name}{BEST_SUFFIX}.safetensors"
 
     @property
     def metrics_dir(self) -> Path:
@@ -166,6 +192,7 @@ class TrainJob:
             "init_from": self.init_from,
             "step_offset": self.step_offset,
             "epoch_offset": self.epoch_offset,
+            "validation_holdout": self.validation.fraction if self.validation.holds_out else None,
         }
         declared = self.declared()
         inputs = {"data/latents": self.latents, f"models/converted/{self.base}": self.model_dir}
@@ -184,17 +211,44 @@ class TrainJob:
     # ---- building -------------------------------------------------------------------------------
 
     def build(self, cfg: TrainConfig | None = None):
-        """(session, loader) for `cfg` (default: the job's)."""
+        """(session, loader) for `cfg` (default: the job's); the held-out validation files are not in it."""
         from sa3mlx.train.session import TrainingSession
 
         cfg = cfg or self.cfg
         session = TrainingSession.build(
             self.model_dir, cfg, seed=cfg.seed, svd_dir=self.svd_dir if self.uses_svd() else None
         )
-        variant = self.model_config().variant
-        dataset = PreEncodedDataset(self.latents, cfg.crop_length(variant), cfg.random_crop, cfg.prompts)
+        train_files, _ = self.validation.split(find_latents(self.latents), cfg.seed)
+        dataset = self._dataset(self.latents, cfg, cfg.random_crop, train_files)
         sampler = EpochSampler(len(dataset), cfg.batch_size, cfg.seed, drop_last=cfg.drop_last)
         return session, BatchLoader(dataset, sampler)
+
+    def validation_dataset(self, cfg: TrainConfig | None = None) -> PreEncodedDataset | None:
+        """The validation items (first crops): a folder of its own, or the files held out of data/latents."""
+        cfg = cfg or self.cfg
+        if not self.validation.on:
+            return None
+        if self.validation.folder is not None:
+            return self._dataset(self.root / self.validation.folder, cfg, False, None)
+        _, held_out = self.validation.split(find_latents(self.latents), cfg.seed)
+        return self._dataset(self.latents, cfg, False, held_out)
+
+    def _dataset(self, folder: Path, cfg: TrainConfig, random_crop: bool, files) -> PreEncodedDataset:
+        crop = cfg.crop_length(self.model_config().variant)
+        return PreEncodedDataset(folder, crop, random_crop, cfg.prompts, files=files)
+
+    def callbacks(self, session, loader: BatchLoader, run: RunPaths, metrics: TrainingMetrics, console: P.Console):
+        """Metrics, validation, the best checkpoint and the demos of a stage run, in that order."""
+        console.say(empty_prompt_lines(loader.dataset, self.strict))
+        validator = None
+        if self.validation.on:
+            validator = Validator(
+                self.validation, session, self.validation_dataset(), self.cfg.seed, metrics, console.say
+            )
+        best = BestCheckpoint(self.best_adapter, self.best, session, validator is not None, say=console.say)
+        if validator is not None:
+            validator.listeners.append(best.on_validation)
+        return [c for c in (metrics, validator, best) if c is not None] + self.demo_callbacks(session, run, console)
 
     # ---- the stage run --------------------------------------------------------------------------
 
@@ -210,8 +264,8 @@ class TrainJob:
         console.say([f"train: {self.describe()}", *lines])
         session, loader = self.build()
         settings = LoopSettings.from_config(self.cfg, fingerprint=key, fingerprint_inputs=payload)
-        callbacks = [TrainingMetrics(self.metrics_dir, choice.state.step if choice.state else None)]
-        callbacks += self.demo_callbacks(session, run, console)
+        metrics = TrainingMetrics(self.metrics_dir, choice.state.step if choice.state else None)
+        callbacks = self.callbacks(session, loader, run, metrics, console)
         loop = TrainingLoop(session, loader, run, settings, callbacks=callbacks, console=console)
         if choice.state is not None:
             loop.restore(choice.state, choice.checkpoint)
@@ -278,6 +332,7 @@ class TrainJob:
             problems = _compare_runs(straight.last_checkpoint, resumed.last_checkpoint)
             if not problems:
                 copy_atomic(resumed.last_checkpoint, self.final_adapter)
+                copy_atomic(resumed.last_checkpoint, self.best_adapter)  # declared output; no selection here
         self.run_paths("x").ensure_root()  # the stage's persist output exists, untouched
         if problems:
             console.say(["smoke: FAILED: the resumed run differs from the uninterrupted one:", *problems])

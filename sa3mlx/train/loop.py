@@ -8,8 +8,9 @@ checkpoint cadence, resume states, guards, the time budget, and the callbacks.
 
 The session is anything that implements `contract.Session`; what happens around the steps
 (metrics, demos, validation, the best checkpoint) is a list of `contract.TrainingCallback`s:
-`on_run_start` before the first step, `on_step` after each step and after that step's save
-(also for a step after which the run stops: `report.stopping`), `on_checkpoint` after each save,
+`on_run_start` before the first step, `on_step` after each step and after that step's adapter
+file (also for a step after which the run stops: `report.stopping`), `on_checkpoint` once the
+checkpoint's resume state is written too (it holds the callbacks' state after that step),
 `on_run_end`. The settings are frozen; a wall-clock limit or a WSD plan ends a run through the
 time budget (`train/budget.py`).
 
@@ -119,6 +120,7 @@ class TrainingLoop:
         self._saved_step: int | None = None
         self._stop_at: int | None = None  # the step a wall-clock limit ended the run at
         self._pending: StepReport | None = None  # the last step's report, sent after the final save
+        self._unfinished: tuple[Path, int] | None = None  # (checkpoint, epoch) whose resume state is due
 
     @property
     def out(self) -> IO:
@@ -184,8 +186,9 @@ class TrainingLoop:
                 self.save_checkpoint(epoch + 1, final=True)
             if self._pending is not None:
                 self._report(self._pending, stopping=False)  # the last step, after its (final) save
+            self._finish_save()
         self.fresh = False
-        self._each(lambda c: c.on_run_end(status, self.global_step))
+        self._each(lambda c: c.on_run_end(status, self.global_step, self.last_checkpoint))
         if status == "done":
             self.console.say(P.TRAINING_DONE)
             return LoopResult(status, self.global_step, self.last_checkpoint)
@@ -257,9 +260,11 @@ class TrainingLoop:
         return "done"
 
     def _report(self, report: StepReport, stopping: bool) -> None:
+        """The step's callbacks, then the rest of its save: the resume state holds their state after it."""
         checkpoint = self.last_checkpoint if self._saved_step == report.step else None
         report = StepReport(**{**report.__dict__, "checkpoint": checkpoint, "stopping": stopping})
         self._each(lambda c: c.on_step(report))
+        self._finish_save()
 
     def _each(self, call) -> None:
         """Run a hook on every callback, with the bar cleared while they run."""
@@ -272,19 +277,26 @@ class TrainingLoop:
     # ---- saving -------------------------------------------------------------------------------
 
     def save_checkpoint(self, epoch: int, final: bool = False) -> Path:
-        """The adapter (underfit's file), then its resume state, then pruning; atomic each."""
+        """The adapter (underfit's file) now; its resume state, pruning and `on_checkpoint` once the
+        step's callbacks have run (`_finish_save`). Atomic each."""
         if self._saved_step == self.global_step and self.last_checkpoint is not None and not final:
             return self.last_checkpoint
         path = self.run_paths.checkpoint_path(self.global_step, epoch)
         save_lora(
             path, self.session.adapters, self.session.lora_config, self.global_step, epoch, self.settings.base_model
         )
+        self.last_checkpoint, self._saved_step, self._unfinished = path, self.global_step, (path, epoch)
+        self.console.say(P.saved_line(path.name, final))
+        return path
+
+    def _finish_save(self) -> None:
+        if self._unfinished is None:
+            return
+        path, epoch = self._unfinished
+        self._unfinished = None
         save_resume(path, self.resume_state(epoch))
         prune_checkpoints(self.run_paths.root, self.settings.keep_last, resume_files)
-        self.last_checkpoint, self._saved_step = path, self.global_step
-        self.console.say(P.saved_line(path.name, final))
         self._each(lambda c: c.on_checkpoint(path, self.global_step, epoch))
-        return path
 
     def resume_state(self, epoch: int) -> ResumeState:
         session = dict(self.session.state_dict())

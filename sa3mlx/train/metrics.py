@@ -69,7 +69,7 @@ class TrainingMetrics(TrainingCallback):
             values["train/prompt_cache_hit_rate"] = report.prompt_cache_hit_rate
         self.log(report.step, values)
 
-    def on_run_end(self, status: str, step: int) -> None:
+    def on_run_end(self, status: str, step: int, checkpoint) -> None:
         self.close()
 
     def log(self, step: int, values: dict[str, float]) -> None:
