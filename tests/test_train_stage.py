@@ -148,3 +148,34 @@ def test_padded_batch_takes_the_masked_path_the_model_config_asks_for(tiny_proje
         assert seen == [batch.padding_mask.shape] * len(seen)
     else:
         assert seen == [None] * len(seen)
+
+
+def test_config_train_prints_what_the_run_uses(tmp_path, capsys):
+    import json
+    import shutil
+
+    from conftest import ROOT
+
+    from sa3mlx.cli import main
+
+    for name in ("params.yaml", "dvc.yaml"):
+        shutil.copyfile(ROOT / name, tmp_path / name)
+    (tmp_path / "models").mkdir()
+    shutil.copytree(ROOT / "models" / "tiny-base", tmp_path / "models" / "tiny-base")
+    assert main(["config", "train", "--root", str(tmp_path)]) == 0
+    resolved = json.loads(capsys.readouterr().out)
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())["train"]
+    assert resolved["preset"] == params["preset"] and resolved["train"]["lr"] == params["lr"]
+    assert resolved["train"]["mask_padding_attention"] is True  # tiny-base's config says so
+    assert resolved["from_model_config"] == ["mask_padding_attention", "use_effective_length_for_schedule"]
+    assert resolved["model"]["config"] == str(tmp_path / "models" / "tiny-base" / "model_config.json")
+    assert resolved["validation"]["every"] == params["validation"]["every"]
+    assert resolved["outputs"]["best"] == str(tmp_path / "models" / "lora" / f"{params['name']}-best.safetensors")
+    text = (
+        (tmp_path / "params.yaml").read_text().replace("mask_padding_attention: null", "mask_padding_attention: false")
+    )
+    (tmp_path / "params.yaml").write_text(text)
+    assert main(["config", "train", "--root", str(tmp_path)]) == 0
+    resolved = json.loads(capsys.readouterr().out)
+    assert resolved["train"]["mask_padding_attention"] is False
+    assert resolved["from_model_config"] == ["use_effective_length_for_schedule"]

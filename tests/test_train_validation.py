@@ -69,6 +69,7 @@ def test_validation_values_are_reproducible_and_best_follows_them(project):
     third = _job(project, name="val-c", validation=VALIDATION)
     assert third.run(again) == 0
     assert [line for line in again.getvalue().splitlines() if line.startswith("validation at step")] == lines
+    assert read_history(third.metrics_dir, "val/loss") == history  # the same values, to the last digit
     values = {s: v for s, v in history}
     per_t = [dict(read_history(first.metrics_dir, per_t_metric(t))) for t in (0.25, 0.75)]
     assert all(math.isclose(values[s], (per_t[0][s] + per_t[1][s]) / 2, rel_tol=1e-6) for s in values)

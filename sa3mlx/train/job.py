@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import IO
 
@@ -26,14 +26,14 @@ import yaml
 from sa3mlx.data.dataset import BatchLoader, EpochSampler, PreEncodedDataset, find_latents
 from sa3mlx.lora.types import adapter_kind
 from sa3mlx.models.config import ModelConfig
-from sa3mlx.runtime.layout import LORA_DIR, MODEL_CONFIG_FILE
+from sa3mlx.runtime.layout import LORA_DIR, MODEL_CONFIG_FILE, RUNS_DIR, source_model_dir
 from sa3mlx.train import progress as P
 from sa3mlx.train.best import BestCheckpoint, BestSettings
 from sa3mlx.train.demos import DemoSettings, TrainDemos
 from sa3mlx.train.guards import empty_prompt_lines
 from sa3mlx.train.loop import LoopSettings, TrainingLoop
 from sa3mlx.train.metrics import TrainingMetrics
-from sa3mlx.train.presets import TrainConfig, resolve
+from sa3mlx.train.presets import DEFAULT_PRESET, TrainConfig, resolve
 from sa3mlx.train.resume import fingerprint, fingerprint_inputs, load_resume, prepare_run, resume_files
 from sa3mlx.train.runs import RunPaths, copy_atomic
 from sa3mlx.train.validation import ValidationSettings, Validator
@@ -299,6 +299,46 @@ class TrainJob:
 
     def model_config(self) -> ModelConfig:
         return ModelConfig.load(self.model_dir / MODEL_CONFIG_FILE)
+
+    def model_config_path(self) -> Path:
+        """The converted model's config, or before `convert` has run, the source snapshot's."""
+        converted = self.model_dir / MODEL_CONFIG_FILE
+        return converted if converted.is_file() else self.root / source_model_dir(self.base) / MODEL_CONFIG_FILE
+
+    def resolved_config(self) -> dict:
+        """What a run of this job really uses (`sa3mlx config train`): the preset with the params
+        applied and the values left to the model filled in from its config, as plain JSON values."""
+        path = self.model_config_path()
+        model = ModelConfig.load(path)
+        train = self.cfg.for_model(model)
+        from_model = [
+            f.name
+            for f in fields(TrainConfig)
+            if getattr(self.cfg, f.name) is None and getattr(train, f.name) is not None
+        ]
+        return {
+            "preset": self.preset or DEFAULT_PRESET,
+            "name": self.name,
+            "model": {"base": self.base, "arc": self.arc, "config": str(path), "variant": model.variant},
+            "train": train.as_dict(),
+            "from_model_config": sorted(from_model),
+            "stage": {
+                "smoke": self.smoke_mode,
+                "init_from": self.init_from,
+                "step_offset": self.step_offset,
+                "epoch_offset": self.epoch_offset,
+                "strict": self.strict,
+            },
+            "validation": asdict(self.validation),
+            "best": asdict(self.best),
+            "demos": {"every": self.demos.every, "entries": len(self.demos.entries), "on": self.demos.on},
+            "outputs": {
+                "adapter": str(self.final_adapter),
+                "best": str(self.best_adapter),
+                "run": str(self.root / RUNS_DIR / self.name),
+                "metrics": str(self.metrics_dir),
+            },
+        }
 
     def describe(self) -> str:
         cfg = self.cfg.for_model(self.model_config())
