@@ -3,11 +3,13 @@ the fingerprint rule through TrainJob, declared params, and `dvc repro train` in
 git+dvc copy of the project."""
 
 import io
+import json
+import subprocess
 
 import numpy as np
 import pytest
 import yaml
-from dvc_project import make_project, run
+from dvc_project import commit_all, make_project, run, tool_env
 from test_train_loop import parse_console
 from test_train_loop_fake import TINY_PARAMS, make_tiny_project, reproducible_prompt_encoding
 
@@ -109,7 +111,10 @@ def test_dvc_repro_train_on_the_embedded_default(tmp_path):
     final = project / "models" / "lora" / f"{params['name']}.safetensors"
     report = validate(final)
     assert report["ok"] and report["config"]["step"] == params["max_steps"]
-    assert (project / "dvclive" / "train" / "metrics.json").is_file()
+    summary = json.loads((project / "dvclive" / "train" / "metrics.json").read_text())
+    assert "loss" in summary["val"] and "loss" in summary["train"]  # what `dvc exp show` lists
+    best = project / "models" / "lora" / f"{params['name']}-best.safetensors"
+    assert validate(best)["ok"] and 0 < validate(best)["config"]["step"] <= params["max_steps"]
     assert "didn't change" in run(["dvc", "repro", "train"], project)
     text = (project / "params.yaml").read_text()
     (project / "params.yaml").write_text(
@@ -118,6 +123,15 @@ def test_dvc_repro_train_on_the_embedded_default(tmp_path):
     again = run(["dvc", "repro", "train"], project)
     assert f"resume: continuing from {params['name']}-step={params['max_steps']}-" in again
     assert validate(final)["config"]["step"] == params["max_steps"] + 4
+    assert best.is_file()  # kept across the resume (persist)
+    commit_all(project)
+    shown = run(["dvc", "exp", "show", "--no-pager", "--csv"], project)
+    assert "val.loss" in shown.splitlines()[0].split(",")  # the val/loss column
+    shown = subprocess.run(
+        ["dvc", "plots", "show", "--json", "loss"], cwd=project, env=tool_env(), capture_output=True, text=True
+    )
+    points = json.loads(shown.stdout)["data"]["loss"][0]["content"]["data"]["values"]
+    assert {p["filename"] for p in points} == {"train/loss.tsv", "val/loss.tsv"}  # the dvc.yaml `loss` plot
 
 
 @pytest.mark.parametrize("override", [None, False])
