@@ -38,6 +38,7 @@ class ConvertOptions:
     same_dtype: str = "float32"
     t5gemma_dtype: str = "float16"
     allow_pickle: bool = False
+    dit_only: bool = False  # a lone checkpoint file without model_config.json: write its DiT alone, said so
 
     @classmethod
     def from_params(cls, params: dict) -> ConvertOptions:
@@ -89,9 +90,9 @@ def convert_source(source: str | Path, out_dir: str | Path, options: ConvertOpti
     return convert_checkpoint_file(source, out_dir, options)
 
 
-def convert_sa3_folder(folder: Path, out_dir: Path, options: ConvertOptions) -> dict:
+def convert_sa3_folder(folder: Path, out_dir: Path, options: ConvertOptions, checkpoint: Path | None = None) -> dict:
     config = ModelConfig.load(folder / "model_config.json")
-    checkpoint = find_checkpoint(folder)
+    checkpoint = checkpoint or find_checkpoint(folder)
     state = read_checkpoint(checkpoint, options.allow_pickle)
     files = {}
     if _is_mlx_dit(state):
@@ -125,13 +126,16 @@ def convert_t5gemma_folder(folder: Path, out_dir: Path, options: ConvertOptions)
 
 
 def convert_checkpoint_file(path: Path, out_dir: Path, options: ConvertOptions) -> dict:
-    """One SA3 checkpoint file: model_config.json next to it if present, else sizes from the weights."""
+    """One SA3 checkpoint file: a complete folder when its model_config.json lies beside it; without one,
+    refused (the objective, codec and text-encoder settings are not in the weights) unless `dit_only`."""
     sibling = path.parent / "model_config.json"
     if path.suffix not in (".safetensors", ".npz") + PICKLE_SUFFIXES:
         raise CheckpointError(f"{path}: unknown checkpoint format")
-    if sibling.is_file() and path.name in CHECKPOINT_NAMES:
-        return convert_sa3_folder(path.parent, out_dir, options)
+    if sibling.is_file() and json.loads(sibling.read_text()).get("model_type") != "autoencoder":
+        return convert_sa3_folder(path.parent, out_dir, options, checkpoint=path)
     state = read_checkpoint(path, options.allow_pickle)
+    if not options.dit_only:
+        raise CheckpointError(_lone_file_refusal(path, state))
     if _is_mlx_dit(state):
         torch_like = {dit_keys.dit_key_to_torch(k): v for k, v in state.items() if not k.startswith("cond.")}
         dit_cfg = dit_config_from_weights(torch_like, path)
@@ -144,7 +148,22 @@ def convert_checkpoint_file(path: Path, out_dir: Path, options: ConvertOptions) 
         dit_cfg = dit_config_from_weights(dit, path)
         cond_dim = dit_cfg.cond_token_dim
         files = {"dit.npz": _torch_dit(dit, cond, dit_cfg, cond_dim, path, options)}
-    return _finish(out_dir, files, path, variant="unknown (no model_config.json)")
+    inferred = {**dit_cfg.__dict__, "cond_dim": cond_dim}
+    return _finish(out_dir, files, path, variant="dit only (no model_config.json)", inferred_dit=inferred)
+
+
+def _lone_file_refusal(path: Path, state: dict) -> str:
+    """What a lone checkpoint holds, what a loadable converted folder still needs, and the ways on."""
+    same = sum(k.startswith("pretransform.") for k in state)
+    held = f"{len(state) - same} DiT/conditioner tensors" + (
+        f" and {same} SAME codec (pretransform.*) tensors" if same else ""
+    )
+    return (
+        f"{path}: holds {held}, but no model_config.json lies beside it: the diffusion objective, the codec and "
+        "text-encoder settings are not in the weights, so no loadable folder can be made from it. Put the "
+        "model_config.json of its Hugging Face repo (and its t5gemma-b-b-ul2/ folder) beside it, or convert the "
+        "whole repo folder; --dit-only writes its DiT alone (dit.npz + manifest, no codec, no text encoder)"
+    )
 
 
 def dit_config_from_weights(dit: dict[str, np.ndarray], source: Path) -> DiTConfig:
