@@ -21,9 +21,9 @@ import mlx.nn as nn
 from sa3mlx.models.config import ConditionerConfig, DiTConfig, ModelConfig
 from sa3mlx.models.dit import DiT
 from sa3mlx.models.fourier import expo_fourier_features, expo_frequencies
+from sa3mlx.runtime.layout import SECONDS_FEATURES
 from sa3mlx.runtime.precision import compute_dtype
 
-SECONDS_FEATURES = 256  # ExpoFourierFeatures width of the seconds embedder (fixed by SA3)
 COND_PREFIX = "cond."  # conditioner keys in dit.npz
 FROZEN_FP32_SUFFIX = "inv_freq"  # RoPE buffers stay fp32 whatever the compute dtype
 

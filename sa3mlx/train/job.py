@@ -27,13 +27,14 @@ import yaml
 from sa3mlx.data.dataset import BatchLoader, EpochSampler, PreEncodedDataset
 from sa3mlx.lora.types import adapter_kind
 from sa3mlx.models.config import ModelConfig
+from sa3mlx.runtime.io import copy_atomic
 from sa3mlx.train import progress as P
 from sa3mlx.train.demos import DemoSettings, TrainDemos
 from sa3mlx.train.loop import LoopSettings, TrainingLoop
 from sa3mlx.train.metrics import TrainingMetrics
 from sa3mlx.train.presets import TrainConfig, resolve
 from sa3mlx.train.resume import fingerprint, fingerprint_inputs, load_resume, prepare_run, resume_files
-from sa3mlx.train.runs import RunPaths, copy_atomic
+from sa3mlx.train.runs import RunPaths
 
 STAGE_KEYS = ("preset", "name", "smoke", "init_from", "step_offset", "epoch_offset", "demos")  # not TrainConfig fields
 # deps that only the in-training demos read: declared (DVC reruns the stage) but not fingerprinted (it resumes)

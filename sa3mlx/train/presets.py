@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from sa3mlx.data.prompts import PromptTemplate
 from sa3mlx.lora.config import LoRAConfig
+from sa3mlx.runtime.io import plain
 from sa3mlx.train.optim import SCHEDULES, make_schedule
 from sa3mlx.train.timesteps import check_sampler
 
@@ -83,7 +84,7 @@ class TrainConfig:
 
     def as_dict(self) -> dict:
         """Plain JSON-able values (nested configs as dicts, tuples as lists)."""
-        return _plain(dataclasses.asdict(self))
+        return plain(dataclasses.asdict(self))
 
     def fingerprint_dict(self) -> dict:
         """What a resume must match: every field except the run length (and max_minutes unless WSD)."""
@@ -200,11 +201,3 @@ def validate(cfg: TrainConfig, preset: str = "") -> None:
         raise ValueError(f"{where}: grad_clip must be >= 0 (0 or null: off)")
     if cfg.keep_last is not None and cfg.keep_last < 1:
         raise ValueError(f"{where}: keep_last must be >= 1 or null")
-
-
-def _plain(value):
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
