@@ -196,3 +196,20 @@ def test_cli_merge_and_its_errors(base, tmp_path, capsys):
         == 2
     )
     assert "trained for a different base?" in capsys.readouterr().err
+
+
+def test_merge_reports_the_layer_count_and_refuses_a_partial_merge(base, tmp_path, capsys):
+    from dataclasses import replace
+
+    from sa3mlx.lora.checkpoint import read_lora
+    from sa3mlx.lora.layers import LoRAShapeError
+    from sa3mlx.lora.merge import MergeInput, merge_arrays
+
+    adapter = read_lora(DORA_FILE)
+    out = tmp_path / "count" / "dit.npz"
+    assert cli_main(["lora", "merge", "--base", str(base), "--lora", str(DORA_FILE), "--out", str(out)]) == 0
+    count = len(adapter.layers)
+    assert f"{DORA_FILE}: merged {count} of {count} adapted layers" in capsys.readouterr().out
+    arrays = read_npz(base)
+    with pytest.raises(LoRAShapeError, match="merged 0 of 0 adapted layers"):
+        merge_arrays(arrays, [MergeInput(replace(adapter, layers={}))], say=lambda line: None)

@@ -109,6 +109,7 @@ def merge_arrays(
     recomputed = []
     for item in inputs:
         xs = adapter_kind(item.adapter.lora_config.adapter_type).xs
+        merged_keys = set()
         for name in item.adapter.layers:
             key = npz_weight_key(name)
             if key not in base:
@@ -124,6 +125,8 @@ def merge_arrays(
                     recomputed.append(name)
             delta = layer_delta(w0_2d, item.adapter, name, item.strength, rule, bases)
             deltas[key] = deltas.get(key, 0) + delta
+            merged_keys.add(key)
+        say(check_merged_count(item.adapter, len(merged_keys)))
     if recomputed:
         say(
             f"-xs: recomputed the SVD bases of {len(recomputed)} layers from the base passed in (no svd file"
@@ -135,6 +138,16 @@ def merge_arrays(
         w2 = mlx_weight_to_2d(w0.astype(np.float32)) + delta
         merged[key] = mlx_weight_from_2d(w2, w0.shape).astype(w0.dtype)
     return merged
+
+
+def check_merged_count(adapter: LoRAFile, merged: int) -> str:
+    """The report line of one adapter's merge; an error unless every adapted layer of the file was
+    merged into a weight of its own (a merge of 0 of 169 layers must never pass in silence)."""
+    adapted = len(adapter.layers)
+    line = f"{adapter.path}: merged {merged} of {adapted} adapted layers"
+    if adapted == 0 or merged != adapted:
+        raise LoRAShapeError(f"{line}: every adapted layer of the file must be merged (trained for a different base?)")
+    return line
 
 
 def merge_files(
