@@ -17,6 +17,7 @@ def _convert(args) -> int:
         same_dtype=args.same_dtype,
         t5gemma_dtype=args.t5gemma_dtype,
         allow_pickle=args.allow_pickle,
+        dit_only=args.dit_only,
     )
     manifest = convert_source(args.source, args.out_dir, options)
     for name, info in manifest["files"].items():
@@ -84,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--t5gemma-dtype", default="float16", choices=("float16", "float32"))
     conv.add_argument(
         "--allow-pickle", action="store_true", help="read .ckpt/.pt files (runs pickle; needs torch; weights-only load)"
+    )
+    conv.add_argument(
+        "--dit-only",
+        action="store_true",
+        help="a lone checkpoint file without model_config.json: write its DiT alone (no codec, no text encoder)",
     )
     conv.set_defaults(run=_convert)
 

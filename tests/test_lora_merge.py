@@ -160,8 +160,16 @@ def test_xs_merge_uses_svd_stage_bases_or_recomputes(base, tmp_path):
 def test_cli_merge_and_its_errors(base, tmp_path, capsys):
     out = tmp_path / "cli" / "dit.npz"
     assert cli_main(["lora", "merge", "--base", str(base), "--lora", f"{DORA_FILE}:0.5", "--out", str(out)]) == 0
-    assert "torch (live parametrisation)" in capsys.readouterr().out
-    assert (out.parent / "model_config.json").is_file()
+    said = capsys.readouterr().out
+    assert "torch (live parametrisation)" in said and (out.parent / "model_config.json").is_file()
+    assert f"{out.parent / 'model_config.json'}: the base's model_config.json, written beside" in said
+    other = tmp_path / "other" / "model_config.json"
+    other.parent.mkdir()
+    other.write_text('{"not": "the base"}')
+    argv = ["lora", "merge", "--base", str(base), "--lora", f"{DORA_FILE}:0.5", "--out", str(other.parent / "m.npz")]
+    assert cli_main(argv) == 2
+    assert "exists and is not the base's model_config.json" in capsys.readouterr().err
+    assert other.read_text() == '{"not": "the base"}' and not (other.parent / "m.npz").exists()
     assert (
         cli_main(
             ["lora", "merge", "--base", str(base), "--lora", str(tmp_path / "x.ckpt"), "--out", str(tmp_path / "y.npz")]

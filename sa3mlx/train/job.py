@@ -26,6 +26,7 @@ import yaml
 from sa3mlx.data.dataset import BatchLoader, EpochSampler, PreEncodedDataset, find_latents
 from sa3mlx.lora.types import adapter_kind
 from sa3mlx.models.config import ModelConfig
+from sa3mlx.runtime.io import copy_atomic
 from sa3mlx.runtime.layout import LORA_DIR, MODEL_CONFIG_FILE, RUNS_DIR, source_model_dir
 from sa3mlx.train import progress as P
 from sa3mlx.train.best import BestCheckpoint, BestSettings
@@ -35,7 +36,7 @@ from sa3mlx.train.loop import LoopSettings, TrainingLoop
 from sa3mlx.train.metrics import TrainingMetrics
 from sa3mlx.train.presets import DEFAULT_PRESET, TrainConfig, resolve
 from sa3mlx.train.resume import fingerprint, fingerprint_inputs, load_resume, prepare_run, resume_files
-from sa3mlx.train.runs import RunPaths, copy_atomic
+from sa3mlx.train.runs import RunPaths
 from sa3mlx.train.validation import ValidationSettings, Validator
 
 # not TrainConfig fields
