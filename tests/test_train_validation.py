@@ -8,6 +8,7 @@ import json
 import math
 
 import pytest
+from test_train_loop import parse_console
 from test_train_loop_fake import TINY_PARAMS, make_tiny_project, reproducible_prompt_encoding
 
 from sa3mlx.data.dataset import find_latents
@@ -65,6 +66,8 @@ def test_validation_values_are_reproducible_and_best_follows_them(project):
         assert [s for s, _ in read_history(first.metrics_dir, per_t_metric(t))] == [0, 2, 4, 6]
     lines = [line for line in text.splitlines() if line.startswith("validation at step")]
     assert len(lines) == 4
+    plain, steps = parse_console(text)  # the dashboard still reads every bar line
+    assert sorted(steps) == list(range(1, 7)) and lines == [p for p in plain if p.startswith("validation at")]
     again = io.StringIO()
     third = _job(project, name="val-c", validation=VALIDATION)
     assert third.run(again) == 0
