@@ -27,7 +27,18 @@ from sa3mlx.data.dataset import BatchLoader, EpochSampler, PreEncodedDataset, fi
 from sa3mlx.lora.types import adapter_kind
 from sa3mlx.models.config import ModelConfig
 from sa3mlx.runtime.io import copy_atomic
-from sa3mlx.runtime.layout import LORA_DIR, MODEL_CONFIG_FILE, RUNS_DIR, source_model_dir
+from sa3mlx.runtime.layout import (
+    DVCLIVE_TRAIN_DIR,
+    LATENTS_DIR,
+    LORA_DIR,
+    MODEL_CONFIG_FILE,
+    RUNS_DIR,
+    converted_dir,
+    source_model_dir,
+)
+from sa3mlx.runtime.layout import (
+    svd_dir as svd_folder,
+)
 from sa3mlx.train import progress as P
 from sa3mlx.train.best import BestCheckpoint, BestSettings
 from sa3mlx.train.demos import DemoSettings, TrainDemos
@@ -123,23 +134,23 @@ class TrainJob:
 
     @property
     def model_dir(self) -> Path:
-        return self.root / "models" / "converted" / self.base
+        return self.root / converted_dir(self.base)
 
     @property
     def svd_dir(self) -> Path:
-        return self.root / "models" / "svd" / self.base
+        return self.root / svd_folder(self.base)
 
     @property
     def arc_dir(self) -> Path | None:
-        return self.root / "models" / "converted" / self.arc if self.arc else None
+        return self.root / converted_dir(self.arc) if self.arc else None
 
     @property
     def latents(self) -> Path:
-        return self.root / "data" / "latents"
+        return self.root / LATENTS_DIR
 
     @property
     def final_adapter(self) -> Path:
-        return self.root / "models" / "lora" / f"{self.name}.safetensors"
+        return self.root / LORA_DIR / f"{self.name}.safetensors"
 
     @property
     def best_adapter(self) -> Path:
@@ -147,10 +158,10 @@ class TrainJob:
 
     @property
     def metrics_dir(self) -> Path:
-        return self.root / "dvclive" / "train"
+        return self.root / DVCLIVE_TRAIN_DIR
 
     def run_paths(self, session: str | None = None) -> RunPaths:
-        return RunPaths.create(self.root / "runs", self.name, session)
+        return RunPaths.create(self.root / RUNS_DIR, self.name, session)
 
     # ---- declared params and inputs (dvc.yaml) --------------------------------------------------
 
@@ -196,9 +207,9 @@ class TrainJob:
             "validation_holdout": self.validation.fraction if self.validation.holds_out else None,
         }
         declared = self.declared()
-        inputs = {"data/latents": self.latents, f"models/converted/{self.base}": self.model_dir}
+        inputs = {LATENTS_DIR: self.latents, converted_dir(self.base).as_posix(): self.model_dir}
         if self.uses_svd():
-            inputs[f"models/svd/{self.base}"] = self.svd_dir
+            inputs[svd_folder(self.base).as_posix()] = self.svd_dir
         if declared is not None:
             demo_only = {self._fill(dep) for dep in DEMO_DEPS}
             inputs.update({dep: self.root / dep for dep in declared["deps"] if dep not in demo_only})
