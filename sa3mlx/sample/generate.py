@@ -147,9 +147,10 @@ class AdapterInfo:
     layers: int
 
 
-def adapter_infos(adapters: Sequence[AdapterRef]) -> list[AdapterInfo]:
-    """What each adapter is (for the sidecar); an adapter holding no layer is an error."""
-    infos = []
+def adapter_infos(adapters: Sequence[AdapterRef]) -> tuple[list[AdapterInfo], int]:
+    """What each adapter is (for the sidecar) and how many distinct layers they adapt together;
+    an adapter holding no layer is an error."""
+    infos, names = [], set()
     for ref in adapters:
         try:
             lora = read_lora(ref.path)
@@ -159,7 +160,8 @@ def adapter_infos(adapters: Sequence[AdapterRef]) -> list[AdapterInfo]:
             raise GenerateError(f"--lora {ref.path}: the adapter holds no layer")
         kind, rank = lora.config["adapter_type"], lora.config["rank"]
         infos.append(AdapterInfo(str(ref.path), ref.strength, sha256_file(ref.path), kind, rank, len(lora.layers)))
-    return infos
+        names.update(lora.layers)
+    return infos, len(names)
 
 
 def model_for(models: DemoModels, arc: bool, adapters: tuple[AdapterRef, ...]) -> Renderable:
@@ -223,6 +225,8 @@ class Generated:
     sigmas: np.ndarray  # [1, steps+1]
     request: GenerateRequest  # resolved (steps, cfg filled)
     adapters: list[AdapterInfo] = field(default_factory=list)
+    adapted_layers: int = 0  # distinct layers the adapters change (each one must fit the model)
+    merged: bool = False  # adapters merged into the weights (else applied live, or none)
 
 
 def local_inputs(
@@ -315,13 +319,14 @@ def generate(
     intermediates the parity fixtures store."""
     request = request.resolved(arc)
     adapters = tuple(adapters)
-    infos = adapter_infos(adapters)
+    infos, adapted = adapter_infos(adapters)
     draws = draws if draws is not None else SeededDraws(0)
     trace = {} if trace is None else trace
     renderable = model_for(models, arc, adapters)
     latents, size, sigmas = sample_latents(models, arc, request, renderable, draws, trace)
     audio = decode_audio(models, arc, latents, draws, size)
-    return Generated(audio, latents, size, sigmas, request, infos)
+    merged = bool(adapters) and renderable.live is None
+    return Generated(audio, latents, size, sigmas, request, infos, adapted, merged)
 
 
 def model_objective_is_arc(folder: str | Path) -> bool:
