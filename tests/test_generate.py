@@ -151,8 +151,18 @@ def test_two_adapters_with_strengths_and_interval(tiny, model):
         sha256_file(tiny / n) for n in ("a.safetensors", "b.safetensors")
     ]
     assert record["adapted_layers"] == record["adapters"][0]["layers"] > 0
-    assert record["lora_interval_max"] == 0.9
+    assert record["lora_interval_max"] == 0.9 and record["adapters_applied"] == "merged"
     assert read_audio_length(both)[0] == int(1.5 * SAMPLE_RATE)
+
+
+def test_one_adapter_on_the_base_model_is_live_like_the_demo(tiny):
+    steps = ["--steps", "3", "--seed", "1", "--lora", f"{tiny / 'a.safetensors'}:0.7"]
+    live, record = run(tiny, "live.mp3", *steps, "--lora-interval-max", "0.95")
+    always, _ = run(tiny, "live_always.mp3", *steps)
+    plain, _ = run(tiny, "live_none.mp3", "--steps", "3", "--seed", "1")
+    assert len({live.read_bytes(), always.read_bytes(), plain.read_bytes()}) == 3
+    assert record["adapters"][0]["strength"] == 0.7 and record["adapters_applied"] == "live"
+    assert record["adapted_layers"] == record["adapters"][0]["layers"]
 
 
 @pytest.mark.parametrize(

@@ -151,6 +151,7 @@ def sidecar_record(job: GenerateJob, folder: Path, arc: bool, seed: int, result:
         "duration_padding_sec": request.padding_s,
         "adapters": [asdict(info) for info in result.adapters],
         "adapted_layers": result.adapted_layers,
+        "adapters_applied": ("merged" if result.merged else "live") if result.adapters else None,
         "sigmas": [float(s) for s in np.asarray(result.sigmas).ravel()],
         "latents": result.size.latents,
         "sample_rate": rate,
