@@ -41,6 +41,23 @@ from sa3mlx.sample.generate import GenerateRequest, SeededDraws, generate
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "house drums loop with four on the floor kick and hihat at 124 bpm"
 RENDERS = {"base": {"steps": 50, "cfg": 7.0}, "arc": {"steps": 8, "cfg": 1.0}}
+DEFAULT_STEPS = {name: render["steps"] for name, render in RENDERS.items()}
+
+
+class TimedDecoder:
+    """The decoder, its wall time (evaluated) appended to `seconds` per call."""
+
+    def __init__(self, decoder: SameDecoder, seconds: list[float]):
+        self.decoder, self.seconds = decoder, seconds
+        self.cfg, self.latent_modulo = decoder.cfg, decoder.latent_modulo
+        self.samples_per_latent = decoder.samples_per_latent
+
+    def __call__(self, *args):
+        start = time.perf_counter()
+        audio = self.decoder(*args)
+        mx.eval(audio)
+        self.seconds.append(time.perf_counter() - start)
+        return audio
 
 
 class RandomSmallModels(DemoModels):
@@ -63,6 +80,7 @@ class RandomSmallModels(DemoModels):
         noise = {"mask_noise": codec.decoder.mask_noise or 0.01, "noise_regularize": True}  # the official eval noise
         self.same_decoder = SameDecoder(codec, **noise)
         randomize(self.same_decoder)
+        self.decode_seconds: list[float] = []
 
     def renderable(self, arc, adapters, default, baseline):
         return Renderable(self.dit, self.conditioner)
@@ -71,17 +89,20 @@ class RandomSmallModels(DemoModels):
         return Renderable(self.dit, self.conditioner)
 
     def decoder(self, arc=False, official_noise=False):
-        return self.same_decoder
+        return TimedDecoder(self.same_decoder, self.decode_seconds)
 
     def encoder(self, arc=False):
         return self.same_encoder
 
 
-def timed_render(models: RandomSmallModels, name: str, seconds: float, compile_dit: bool) -> tuple[float, np.ndarray]:
+def timed_render(
+    models: RandomSmallModels, name: str, seconds: float, compile_dit: bool
+) -> tuple[float, float, np.ndarray]:
+    """(wall seconds, of which decoding, audio) of one generate call."""
     request = GenerateRequest(PROMPT, seconds=seconds, compile=compile_dit, **RENDERS[name])
     start = time.perf_counter()
     result = generate(models, name == "arc", request, (), SeededDraws(0))
-    return time.perf_counter() - start, result.audio
+    return time.perf_counter() - start, models.decode_seconds[-1], result.audio
 
 
 def main() -> None:
@@ -105,13 +126,16 @@ def main() -> None:
             f"small-music DiT depth {depth}, SAME-S codec, random weights; MLX {mx.__version__} {mx.default_device()}"
         )
         timed_render(models, "arc", 1.0, True)  # warm-up (kernels, text encoder)
-        print(f"{'render':<26}{'seconds':>8}{'wall s (min/med/max)':>24}{'RTF':>8}{'x real':>8}")
+        print(f"{'render':<26}{'seconds':>8}{'wall s (min/med/max)':>24}{'decode s':>9}{'RTF':>8}{'x real':>8}")
         for seconds in args.seconds:
             for name in args.renders:
                 modes = [True, False] if args.compare_compile else [True]
                 for compiled in modes:
-                    walls, audios = zip(*(timed_render(models, name, seconds, compiled) for _ in range(args.repeats)))
+                    runs = [timed_render(models, name, seconds, compiled) for _ in range(args.repeats)]
+                    walls, decodes, audios = zip(*runs)
                     rtf = float(np.median(walls)) / seconds
+                    steps, wall, decode = RENDERS[name]["steps"], float(np.median(walls)), float(np.median(decodes))
+                    wanted = DEFAULT_STEPS[name]
                     label = f"{name} {RENDERS[name]['steps']} steps cfg {RENDERS[name]['cfg']:g}" + (
                         "" if compiled else " (eager)"
                     )
@@ -125,11 +149,14 @@ def main() -> None:
                             "wall_s": [round(w, 3) for w in (min(walls), float(np.median(walls)), max(walls))],
                             "rtf": round(rtf, 4),
                             "x_realtime": round(1 / rtf, 4),
+                            "decode_s": round(decode, 3),
+                            # steps scaled to the render's default count (only differs with --base-steps)
+                            f"rtf_at_{wanted}_steps": round((decode + (wall - decode) * wanted / steps) / seconds, 4),
                             "audio": audios[0],
                         }
                     )
                     print(
-                        f"{label:<26}{seconds:8.0f}{min(walls):8.2f}{np.median(walls):8.2f}{max(walls):8.2f}"
+                        f"{label:<26}{seconds:8.0f}{min(walls):8.2f}{wall:8.2f}{max(walls):8.2f}{decode:9.2f}"
                         f"{rtf:8.3f}{1 / rtf:8.3f}"
                     )
                 if args.compare_compile:
