@@ -108,7 +108,9 @@ def _add_generate(sub) -> None:
         metavar="START:END",
         help="seconds to regenerate (repeat)",
     )
-    gen.add_argument("--lora-interval-max", type=float, default=None, metavar="SIGMA", help="adapters off above")
+    gen.add_argument(
+        "--lora-interval-max", type=float, default=None, metavar="SIGMA", help="adapters off while sigma > SIGMA"
+    )
     gen.add_argument(
         "--monotonic-schedule",
         action="store_true",

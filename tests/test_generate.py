@@ -171,6 +171,7 @@ def test_one_adapter_on_the_base_model_is_live_like_the_demo(tiny):
         (["--model", "/nonexistent/model"], ["--model", "/nonexistent/model"]),
         (["--init-audio", "{root}/broken.wav"], ["--init-audio", "broken.wav", "unreadable"]),
         (["--inpaint-audio", "{root}/source.wav", "--inpaint-range", "1:3"], ["--inpaint-range", "outside the clip"]),
+        (["--inpaint-audio", "{root}/source.wav"], ["--inpaint-audio", "--inpaint-range"]),
         (["--lora", "{root}/other.safetensors"], ["other.safetensors", "different base"]),
         (["--lora", "{root}/other.safetensors", "--lora", "{root}/b.safetensors"], ["other.safetensors", "tiny-base"]),
     ],

@@ -14,7 +14,7 @@ bytes; `ReplayedDraws`: stored draws, for parity), the codec's eval-mode decode 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -61,7 +61,7 @@ class GenerateRequest:
         family = ARC_DEFAULTS if arc else BASE_DEFAULTS
         steps = family["steps"] if self.steps is None else self.steps
         cfg = family["cfg"] if self.cfg is None else self.cfg
-        return GenerateRequest(**{**self.__dict__, "steps": steps, "cfg": cfg}).checked()
+        return replace(self, steps=steps, cfg=cfg).checked()
 
     def checked(self) -> GenerateRequest:
         if self.seconds <= 0:
@@ -72,6 +72,8 @@ class GenerateRequest:
             raise GenerateError(f"--init-noise-level must be >= {MIN_NOISE_LEVEL}, got {self.init_noise_level:g}")
         if self.inpaint_ranges and self.inpaint_audio is None:
             raise GenerateError("--inpaint-range needs --inpaint-audio (the audio whose other parts are kept)")
+        if self.inpaint_audio is not None and not self.inpaint_ranges:
+            raise GenerateError("--inpaint-audio needs an --inpaint-range START:END (without one nothing is kept)")
         for start, end in self.inpaint_ranges:
             if not 0 <= start < end <= self.seconds:
                 raise GenerateError(
