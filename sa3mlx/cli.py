@@ -73,6 +73,69 @@ def _config(args) -> int:
     return 0
 
 
+def _generate(args) -> int:
+    from sa3mlx.sample.generate_files import GenerateJob, run_job
+
+    job = GenerateJob(**{k: v for k, v in vars(args).items() if k not in ("command", "run")})
+    run_job(job)
+    return 0
+
+
+def _default_model() -> str:
+    """models/converted/<model.base of ./params.yaml>, else the embedded tiny base."""
+    import yaml
+
+    from sa3mlx.runtime.layout import PARAMS_FILE, converted_dir
+
+    params = Path(PARAMS_FILE)
+    base = (yaml.safe_load(params.read_text()) or {}).get("model", {}).get("base") if params.is_file() else None
+    return str(converted_dir(base or "tiny-base"))
+
+
+def _add_generate(sub) -> None:
+    gen = sub.add_parser(
+        "generate",
+        help="render a prompt (text, audio-to-audio, inpainting) with any adapters, as the official generate",
+        description="Official StableAudioModel.generate semantics; see docs/generate.md for the quirks kept.",
+    )
+    gen.add_argument("prompt", help="text prompt ('' for unconditional)")
+    gen.add_argument("--model", default=None, help="converted model folder (default models/converted/<model.base>)")
+    gen.add_argument(
+        "--lora", dest="adapters", action="append", default=[], metavar="FILE[:STRENGTH]", help="adapter (repeat)"
+    )
+    gen.add_argument("--seconds", type=float, default=30.0, help="seconds_total, and the output length")
+    gen.add_argument("--steps", type=int, default=None, help="sampler steps (default 50 base, 8 ARC)")
+    gen.add_argument("--cfg", type=float, default=None, help="guidance scale (default 7 base, 1 ARC)")
+    gen.add_argument("--apg", type=float, default=1.0, help="APG scale with cfg != 1: 1 APG, 0 vanilla CFG")
+    gen.add_argument("--negative-prompt", "--negative", dest="negative_prompt", default=None)
+    gen.add_argument("--seed", type=int, default=None, help="default: random (printed and in the sidecar)")
+    gen.add_argument("--init-audio", default=None, metavar="FILE", help="audio-to-audio source (any format)")
+    gen.add_argument(
+        "--init-noise-level", type=float, default=1.0, help="sigma_max with --init-audio (official default 1)"
+    )
+    gen.add_argument("--inpaint-audio", default=None, metavar="FILE", help="audio kept outside --inpaint-range")
+    gen.add_argument(
+        "--inpaint-range",
+        dest="inpaint_ranges",
+        action="append",
+        default=[],
+        metavar="START:END",
+        help="seconds to regenerate (repeat)",
+    )
+    gen.add_argument(
+        "--lora-interval-max", type=float, default=None, metavar="SIGMA", help="adapters off while sigma > SIGMA"
+    )
+    gen.add_argument(
+        "--monotonic-schedule",
+        action="store_true",
+        help="fix: shift linspace(1, 0) and scale by sigma_max (official: the a2a schedule first rises)",
+    )
+    gen.add_argument("--svd-dir", default=None, help="svd stage output, for -xs adapters")
+    gen.add_argument("--no-compile", dest="compile", action="store_false", help="do not mx.compile the DiT call")
+    gen.add_argument("--out", default=None, metavar="FILE", help=".mp3 (default), .wav or .flac; sidecar FILE.json")
+    gen.set_defaults(run=_generate)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sa3mlx", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -132,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     merge.add_argument("--out", required=True, help="merged .npz")
     merge.set_defaults(run=_lora_merge)
+    _add_generate(sub)
     return parser
 
 
@@ -140,12 +204,16 @@ def main(argv: list[str] | None = None) -> int:
     from sa3mlx.lora.layers import LoRAShapeError
     from sa3mlx.models.config import ConfigError
     from sa3mlx.parity.registry import ParityError
+    from sa3mlx.sample.generate import GenerateError
 
     args = build_parser().parse_args(argv)
+    if args.command == "generate" and args.model is None:
+        args.model = _default_model()
     try:
         return args.run(args)
-    except (CheckpointError, ConfigError, ParityError, FileNotFoundError, LoRAShapeError) as e:
-        print(f"sa3mlx {args.command}: error: {e}", file=sys.stderr)
+    except (CheckpointError, ConfigError, ParityError, FileNotFoundError, LoRAShapeError, GenerateError) as e:
+        message = " ".join(str(e).split())  # one line
+        print(f"sa3mlx {args.command}: error: {message}", file=sys.stderr)
         return 2
 
 
