@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import sa3mlx  # noqa: F401  (BLAS set-up before anything imports mlx)
+from sa3mlx.runtime.errors import UserError, guarded
 
 
 def _convert(args) -> int:
@@ -110,17 +111,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sa3mlx.convert.checkpoint import CheckpointError
-    from sa3mlx.lora.layers import LoRAShapeError
-    from sa3mlx.models.config import ConfigError
+    """Run a subcommand: a user error is one `sa3mlx: <command>: <message>` line and status 2."""
+    args = build_parser().parse_args(argv)
+    return guarded(args.command, lambda: _run_reporting_user_errors(args))
+
+
+def _run_reporting_user_errors(args) -> int:
     from sa3mlx.parity.registry import ParityError
 
-    args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (CheckpointError, ConfigError, ParityError, FileNotFoundError, LoRAShapeError) as e:
-        print(f"sa3mlx {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    except FileNotFoundError as e:
+        raise UserError(f"{e.filename or e}: no such file or folder") from e
+    except ParityError as e:
+        raise UserError(str(e)) from e
 
 
 if __name__ == "__main__":

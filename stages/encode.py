@@ -11,6 +11,7 @@ import sys
 
 import sa3mlx  # noqa: F401  (BLAS set-up first, as in every stage)
 from sa3mlx.data.encode import Codec, EncodeOptions, encode_dir
+from sa3mlx.runtime.errors import run_stage
 from sa3mlx.runtime.params import stage_params
 
 NORMALIZED, LATENTS, CACHE = "data/normalized", "data/latents", "data/encode_cache"
@@ -45,4 +46,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_stage("encode", main)

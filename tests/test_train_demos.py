@@ -142,7 +142,7 @@ def test_train_stage_declares_the_demo_params_and_code():
 def test_settings_are_checked_before_training(project):
     assert not DemoSettings.from_params({"every": 0, "entries": ENTRIES}).on
     assert not DemoSettings.from_params({"every": 5}).on  # no entries: nothing to render
-    with pytest.raises(ValueError, match=r"unknown key\(s\) \['evry'\]"):
+    with pytest.raises(ValueError, match=r"train.demos.evry: unknown key"):
         DemoSettings.from_params({"evry": 5})
     with pytest.raises(ValueError, match="unknown field"):
         DemoSettings.from_params({"every": 5, "entries": [{"prompt": "x", "sconds": 1}]})

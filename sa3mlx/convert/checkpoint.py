@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from sa3mlx.runtime.errors import UserError
+
 PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin")
 _SAFETENSORS_DTYPES = {
     "F64": np.float64,
@@ -26,7 +28,7 @@ _SAFETENSORS_DTYPES = {
 }
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint that cannot be read, or whose keys/shapes are wrong; names the file."""
 
 

@@ -27,8 +27,10 @@ from sa3mlx.data.encode_cache import LatentCache, copy_atomic, entry_key, remove
 from sa3mlx.models.config import AutoencoderConfig
 from sa3mlx.models.same import SameEncoder, autoencoder_config, load_same_encoder
 from sa3mlx.models.same_chunked import encode_long, latent_mask
+from sa3mlx.runtime.errors import ParamError
 from sa3mlx.runtime.io import atomic_path, remove_stale, save_json, sha256_file
 from sa3mlx.runtime.params import dataclass_from_params
+from sa3mlx.runtime.schema import integer, number, spec
 
 AUDIO_EXTENSIONS = (".wav", ".flac")  # what `normalize` writes
 ENCODER_FILE = "same_encoder.npz"
@@ -50,9 +52,9 @@ SIDECAR_FIELDS = (
 
 @dataclass(frozen=True)
 class EncodeOptions:
-    chunk_latents: int = 128  # production chunking: chunk length in latents
-    overlap: int = 32  # latents shared by neighbouring chunks (half dropped on each side)
-    chunk_above_seconds: float = 30.0  # longer files are encoded in chunks, shorter ones in one pass
+    chunk_latents: int = field(default=128, metadata=spec(integer(1)))  # production chunking: chunk length in latents
+    overlap: int = field(default=32, metadata=spec(integer(0)))  # latents shared by neighbours (half dropped each side)
+    chunk_above_seconds: float = field(default=30.0, metadata=spec(number(0)))  # longer files: chunked
     shard: str | None = None  # "i/n": encode only this process's share of the files
 
     @classmethod
@@ -63,11 +65,12 @@ class EncodeOptions:
 
     def validate(self) -> None:
         if not (isinstance(self.chunk_latents, int) and isinstance(self.overlap, int)):
-            raise ValueError("encode.chunk_latents and encode.overlap must be whole numbers of latents")
+            raise ParamError("encode.chunk_latents", "chunk_latents and overlap must be whole numbers of latents")
         if not 0 <= self.overlap < self.chunk_latents:
-            raise ValueError(f"encode.overlap {self.overlap} must be in [0, chunk_latents={self.chunk_latents})")
+            bound = f"expected a whole number in [0, chunk_latents={self.chunk_latents})"
+            raise ParamError("encode.overlap", bound, self.overlap)
         if self.chunk_above_seconds < 0:
-            raise ValueError(f"encode.chunk_above_seconds {self.chunk_above_seconds} must be >= 0")
+            raise ParamError("encode.chunk_above_seconds", "expected a number >= 0", self.chunk_above_seconds)
         parse_shard(self.shard)
 
     def fingerprint(self) -> dict:
@@ -87,9 +90,9 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     try:
         index, count = (int(part) for part in str(text).split("/"))
     except ValueError:
-        raise ValueError(f"encode.shard {text!r}: expected 'i/n', e.g. '0/4'") from None
+        raise ParamError("encode.shard", "expected 'i/n' (e.g. '0/4') or null", text) from None
     if not 0 <= index < count:
-        raise ValueError(f"encode.shard {text!r}: need 0 <= i < n")
+        raise ParamError("encode.shard", "expected 'i/n' with 0 <= i < n", text)
     return index, count
 
 

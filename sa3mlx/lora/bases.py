@@ -25,11 +25,13 @@ from sa3mlx.lora.svd import svd_bases
 from sa3mlx.lora.targeting import adaptable_layers, npz_weight_key
 from sa3mlx.models.config import DiTConfig, ModelConfig
 from sa3mlx.runtime.io import atomic_path, sha256_file
+from sa3mlx.runtime.schema import choice, integer
 
 SVD_FILE = "svd_bases.safetensors"
 METADATA_KEY = "svd_config"
 SIGN_RULE = "largest-|U| entry of every column positive"
 PRECISIONS = ("stored", "float32", "float16", "bfloat16")
+SVD_PARAMS = {"max_rank": integer(1), "precision": choice(PRECISIONS)}  # the svd stage's params section
 MIN_DIM = 2  # layers with min(fan_out, fan_in) below this get no bases (as underfit's compute_svd)
 
 

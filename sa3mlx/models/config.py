@@ -10,12 +10,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from sa3mlx.runtime.errors import UserError
+
 # Real SA3 DiT sizes (embed_dim, depth) -> family name.
 DIT_FAMILIES = {(1024, 20): "small", (1536, 24): "medium"}
 OBJECTIVES = ("rectified_flow", "rf_denoiser")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A model config is missing a field or disagrees with the weights."""
 
 

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
+from sa3mlx.runtime.errors import UserError
 
-class TokenizerError(RuntimeError):
+
+class TokenizerError(UserError, RuntimeError):
     pass
 
 

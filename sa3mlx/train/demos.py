@@ -23,10 +23,13 @@ from pathlib import Path
 
 from sa3mlx.lora.checkpoint import save_lora
 from sa3mlx.models.prompt import PromptEncoder
-from sa3mlx.sample.demo_entries import DemoEntry, parse_entries
+from sa3mlx.runtime.errors import ParamError
+from sa3mlx.runtime.schema import flag, integer
+from sa3mlx.sample.demo_entries import DemoEntry, checked_entries
 from sa3mlx.sample.demo_models import DemoModels, LiveModel
 from sa3mlx.sample.render import RenderOptions, render_demos
 
+EVERY = integer(0)  # steps between renders; 0: off
 KEYS = ("every", "entries", "defaults", "baselines", "tail_seconds", "wav", "decode_chunk", "decode_overlap")
 
 
@@ -44,12 +47,11 @@ class DemoSettings:
         params = dict(params or {})
         unknown = sorted(set(params) - set(KEYS))
         if unknown:
-            raise ValueError(f"train.demos: unknown key(s) {unknown}; known: {list(KEYS)}")
-        every = int(params.get("every") or 0)
-        if every < 0:
-            raise ValueError(f"train.demos.every must be >= 0 (0: off), got {every}")
-        entries = tuple(parse_entries(params.get("entries") or [], params.get("defaults")))
-        return cls(every, entries, bool(params.get("baselines", True)), RenderOptions.from_params(params))
+            raise ParamError(f"train.demos.{unknown[0]}", f"unknown key; known: {', '.join(KEYS)}", show_value=False)
+        every = EVERY.check("train.demos.every", params.get("every") or 0)
+        entries = tuple(checked_entries("train.demos.entries", params.get("entries") or [], params.get("defaults")))
+        baselines = flag().check("train.demos.baselines", params.get("baselines", True))
+        return cls(every, entries, baselines, RenderOptions.from_params(params, "train.demos"))
 
     @property
     def on(self) -> bool:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sa3mlx.runtime.errors import UserError
 from sa3mlx.runtime.io import atomic_path, save_json, sha256_file
 from sa3mlx.train.runs import checkpoint_epoch, checkpoint_step, clear_run, list_checkpoints
 
@@ -79,7 +80,7 @@ def save_resume(checkpoint: str | Path, state: ResumeState) -> Path:
     return json_path
 
 
-class ResumeError(ValueError):
+class ResumeError(UserError, ValueError):
     pass
 
 
