@@ -24,6 +24,7 @@ from sa3mlx.lora.maths import mlx_weight_to_2d
 from sa3mlx.lora.svd import svd_bases
 from sa3mlx.lora.targeting import adaptable_layers, npz_weight_key
 from sa3mlx.models.config import DiTConfig, ModelConfig
+from sa3mlx.runtime.errors import reading
 from sa3mlx.runtime.io import atomic_path, sha256_file
 from sa3mlx.runtime.schema import choice, integer
 
@@ -113,7 +114,8 @@ def read_bases(path: str | Path, allow_pickle: bool = False) -> dict[str, dict[s
         return _read_underfit_pt(path, allow_pickle)
     if not path.is_file():
         raise CheckpointError(f"{path}: no SVD base file (run the svd stage)")
-    tensors, _ = read_safetensors(path)
+    with reading(path, "SVD bases"):
+        tensors, _ = read_safetensors(path)
     bases: dict[str, dict[str, np.ndarray]] = {}
     for key, value in tensors.items():
         name, _, part = key.rpartition(".")

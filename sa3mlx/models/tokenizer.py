@@ -7,12 +7,12 @@ A folder with only `tokenizer.model` needs the optional `sentencepiece` package.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from sa3mlx.runtime.artifacts import read_json
 from sa3mlx.runtime.errors import UserError
 
 
@@ -69,7 +69,7 @@ class PromptTokenizer:
 
 def _sides(folder: Path) -> dict[str, str]:
     config = folder / "tokenizer_config.json"
-    data = json.loads(config.read_text()) if config.is_file() else {}
+    data = read_json(config, "tokenizer config") if config.is_file() else {}
     return {"padding_side": data.get("padding_side", "right"), "truncation_side": data.get("truncation_side", "right")}
 
 

@@ -74,10 +74,18 @@ def reading(path: str | os.PathLike, what: str = "file", fix: str | None = None)
         raise ArtifactError(path, f"missing ({what})", fix)
     try:
         yield path
-    except UserError:
+    except (ArtifactError, ParamError):
         raise
-    except LOAD_ERRORS as e:
-        raise ArtifactError(path, f"damaged {what} ({one_line(e) or type(e).__name__})", fix) from e
+    except LOAD_ERRORS as e:  # a checker's own UserError (e.g. a CheckpointError) gains the fix here
+        raise ArtifactError(path, f"damaged {what} ({_reason(e, path)})", fix) from e
+
+
+def _reason(error: BaseException, path: Path) -> str:
+    """The loader's words, without the path it may already start with."""
+    text = one_line(error.args[0] if isinstance(error, KeyError) and error.args else error) or type(error).__name__
+    for prefix in (f"{path}: ", f"{path.resolve()}: "):
+        text = text.removeprefix(prefix)
+    return text
 
 
 # ---- the fix -------------------------------------------------------------------------------------------
