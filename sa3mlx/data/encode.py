@@ -27,7 +27,8 @@ from sa3mlx.data.encode_cache import LatentCache, copy_atomic, entry_key, remove
 from sa3mlx.models.config import AutoencoderConfig
 from sa3mlx.models.same import SameEncoder, autoencoder_config, load_same_encoder
 from sa3mlx.models.same_chunked import encode_long, latent_mask
-from sa3mlx.runtime.errors import ParamError
+from sa3mlx.runtime.artifacts import read_json, verify_listed
+from sa3mlx.runtime.errors import ArtifactError, ParamError, UserError, one_line, reading
 from sa3mlx.runtime.io import atomic_path, remove_stale, save_json, sha256_file
 from sa3mlx.runtime.params import dataclass_from_params
 from sa3mlx.runtime.schema import integer, number, spec
@@ -118,9 +119,9 @@ class Codec:
     def open(cls, folder: str | os.PathLike) -> Codec:
         folder = Path(folder)
         config = autoencoder_config(folder)
-        sample_rate = int(json.loads((folder / "model_config.json").read_text()).get("sample_rate", 44100))
+        sample_rate = int(read_json(folder / "model_config.json", "model config").get("sample_rate", 44100))
         described = {
-            "weights": sha256_file(folder / ENCODER_FILE),
+            "weights": sha256_file(verify_listed(folder / ENCODER_FILE, "SAME encoder weights")),
             "encoder": asdict(config.encoder),
             "latent_dim": config.latent_dim,
             "patch_size": config.patch_size,
@@ -168,17 +169,17 @@ def read_sources(root: str | os.PathLike) -> dict[str, str]:
     report = Path(root) / REPORT_FILE
     if not report.is_file():
         return {}
-    return {r["output"]: r["source"] for r in json.loads(report.read_text()).get("files", []) if "output" in r}
+    rows = read_json(report, "normalize census").get("files", [])
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise ArtifactError(report, "damaged normalize census (files is not a list of objects)")
+    return {r["output"]: r.get("source", r["output"]) for r in rows if "output" in r}
 
 
 def read_tags(audio: Path) -> dict[str, str]:
     sidecar = audio.with_suffix(".json")
     if not sidecar.is_file():
         return {}
-    tags = json.loads(sidecar.read_text(encoding="utf-8"))
-    if not isinstance(tags, dict):
-        raise ValueError(f"{sidecar}: tags must be a JSON object")
-    return {str(k): str(v) for k, v in tags.items()}
+    return {str(k): str(v) for k, v in read_json(sidecar, "tag sidecar").items()}
 
 
 def latent_stem(relpath: str) -> str:
@@ -296,8 +297,8 @@ def encode_dir(
                 normalized / rel, latents, stem, sources.get(rel, rel), store, codec, options, log
             )
         except Exception as e:  # one bad file never stops the rest
-            error = f"{type(e).__name__}: {e}"
-            summary.errors.append({"path": rel, "error": error})
+            error = one_line(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
+            summary.errors.append({"path": rel, "error": error, "user": isinstance(e, UserError)})
             progress.failed(index, rel, error)
             continue
         written.update({f"{stem}.npy", f"{stem}.json"})
@@ -308,6 +309,8 @@ def encode_dir(
         else:
             summary.skipped += 1
             progress.cached(index, rel)
+    for dropped in store.dropped:
+        log(f"encode: dropped a damaged cache entry {dropped} (its file was encoded again)")
     if shard is None:
         remove_temporaries(latents)
         remove_stale(latents, written)
@@ -332,7 +335,8 @@ def _encode_one(
     entry = store.get(key)
     encoded = entry is None
     if encoded:
-        audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+        with reading(audio_path, "normalized audio"):
+            audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
         del data
         if rate != codec.sample_rate or audio.shape[1] != codec.config.audio_channels:
             raise ValueError(

@@ -24,11 +24,13 @@ import numpy as np
 
 from sa3mlx.runtime.errors import ArtifactError, UserError, display_path
 from sa3mlx.runtime.io import atomic_path, save_json, sha256_file
+from sa3mlx.runtime.layout import LORA_DIR
 from sa3mlx.train.runs import checkpoint_epoch, checkpoint_step, clear_run, list_checkpoints
 
 STATE_VERSION = 1
 RESUME_PREFIX = "resume-"
 ARRAY_TAG = "__array__"
+KEEP_DIR = LORA_DIR  # where the refusal of a damaged state suggests moving its checkpoint
 
 
 # ---- the state --------------------------------------------------------------------------------
@@ -133,8 +135,9 @@ def refuse_damaged(checkpoint: Path, error: DamagedResumeError) -> ArtifactError
     return ArtifactError(
         json_path,
         f"{problem}; nothing was removed: its checkpoint {display_path(checkpoint)} is kept",
-        f"continue from it with `train.init_from: {display_path(checkpoint)}` (a fresh run counting from its "
-        f"step), or delete {json_path.name} to resume from an earlier state (or start over)",
+        f"to continue from it, move it out of the run (`mv {display_path(checkpoint)} {KEEP_DIR}/`) and set "
+        f"`train.init_from: {KEEP_DIR}/{checkpoint.name}` (a fresh run counting from its step); or delete "
+        f"{json_path.name} to resume from the state before it",
     )
 
 
