@@ -60,9 +60,20 @@ def _lora_merge(args) -> int:
     return 0
 
 
+def _doctor(args) -> int:
+    from sa3mlx.doctor import main as doctor_main
+
+    return doctor_main()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sa3mlx", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+
+    doctor = sub.add_parser(
+        "doctor", help="check params.yaml, the model folders and data/raw before `dvc repro` (run in the project)"
+    )
+    doctor.set_defaults(run=_doctor)
 
     conv = sub.add_parser("convert", help="torch SA3/SAME/T5Gemma checkpoint -> MLX npz files")
     conv.add_argument("source", help="HF model folder (model_config.json + model.safetensors) or a checkpoint file")
