@@ -164,15 +164,16 @@ def list_audio(root: str | os.PathLike) -> list[str]:
     return sorted(found)
 
 
-def read_sources(root: str | os.PathLike) -> dict[str, str]:
-    """{normalised relpath: raw relpath} from normalize's report (empty without one)."""
+def read_census(root: str | os.PathLike) -> dict[str, dict]:
+    """{normalised relpath: its record (source, samples, ...)} from normalize's report (empty without one)."""
     report = Path(root) / REPORT_FILE
     if not report.is_file():
         return {}
     rows = read_json(report, "normalize census").get("files", [])
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise ArtifactError(report, "damaged normalize census (files is not a list of objects)")
-    return {r["output"]: r.get("source", r["output"]) for r in rows if "output" in r}
+    return {r["output"]: r for r in rows if "output" in r}
+
 
 
 def read_tags(audio: Path) -> dict[str, str]:
@@ -284,7 +285,7 @@ def encode_dir(
     if shard is None:  # shards may run side by side: only a lone run may sweep temporaries
         store.remove_leftovers()
     files = [rel for rel in list_audio(normalized) if in_shard(rel, shard)]
-    sources = read_sources(normalized)
+    census = read_census(normalized)
     summary, progress = Summary(total=len(files)), Progress(len(files), log)
     written = {DETAILS_FILE}
     for index, rel in enumerate(files, 1):
@@ -293,8 +294,17 @@ def encode_dir(
         try:
             if f"{stem}.npy" in written:
                 raise ValueError(f"its output name {stem}.npy is taken by another file; rename one of them")
+            record = census.get(rel, {})
             meta, encoded = _encode_one(
-                normalized / rel, latents, stem, sources.get(rel, rel), store, codec, options, log
+                normalized / rel,
+                latents,
+                stem,
+                record.get("source", rel),
+                store,
+                codec,
+                options,
+                log,
+                record.get("samples"),
             )
         except Exception as e:  # one bad file never stops the rest
             error = one_line(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
@@ -319,6 +329,16 @@ def encode_dir(
     return summary
 
 
+def decode_normalized(path: Path, data: bytes, samples: int | None = None) -> tuple[np.ndarray, int]:
+    """([samples, channels] float32, rate) of a normalized file's bytes; damage (or a length other
+    than the census's `samples`: a truncated file decodes) is an ArtifactError."""
+    with reading(path, "normalized audio"):
+        audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    if samples is not None and audio.shape[0] != samples:
+        raise ArtifactError(path, f"damaged normalized audio ({audio.shape[0]} samples; {REPORT_FILE} says {samples})")
+    return audio, rate
+
+
 def _encode_one(
     audio_path: Path,
     latents: Path,
@@ -328,6 +348,7 @@ def _encode_one(
     codec: Codec,
     options: EncodeOptions,
     log,
+    samples: int | None = None,
 ) -> tuple[dict, bool]:
     """Encode one file (or find it in the cache) and write its npy + sidecar; (sidecar, encoded?)."""
     data = audio_path.read_bytes()
@@ -335,8 +356,7 @@ def _encode_one(
     entry = store.get(key)
     encoded = entry is None
     if encoded:
-        with reading(audio_path, "normalized audio"):
-            audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+        audio, rate = decode_normalized(audio_path, data, samples)
         del data
         if rate != codec.sample_rate or audio.shape[1] != codec.config.audio_channels:
             raise ValueError(

@@ -110,13 +110,17 @@ def restore_hint(path: Path) -> str:
     """`dvc checkout <out>` when dvc.lock tracks an output holding `path`, else `dvc repro -f <stage>`."""
     root = project_root(path)
     if root is None:
-        return "write it again with the stage that makes it"
+        return "check the path, or restore the file from where it came from"
     relative = path.resolve().relative_to(root).as_posix()
     tracked = tracked_output(root, relative)
     if tracked:
         return f"restore it with `dvc checkout {tracked}` (or `dvc repro -f {tracked_stage(root, tracked)}`)"
     stage = next((name for folder, name in WRITTEN_BY if relative.startswith(folder + "/")), None)
-    return f"rebuild it with `dvc repro -f {stage}`" if stage else "restore it (it is no stage's output)"
+    return (
+        f"rebuild it with `dvc repro -f {stage}`"
+        if stage
+        else "restore it from where it came from (no stage writes it)"
+    )
 
 
 def _lock_stages(root: Path) -> dict:

@@ -25,6 +25,7 @@ from typing import IO
 import yaml
 
 from sa3mlx.data.dataset import BatchLoader, EpochSampler, PreEncodedDataset
+from sa3mlx.lora.checkpoint import read_lora
 from sa3mlx.lora.types import adapter_kind
 from sa3mlx.models.config import ModelConfig
 from sa3mlx.runtime.errors import ParamError
@@ -39,7 +40,7 @@ from sa3mlx.train.runs import RunPaths, copy_atomic
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 STAGE_SPECS = {  # the train section's keys that are not TrainConfig fields
-    "preset": choice(PRESETS, optional=True),
+    "preset": choice(list(PRESETS), optional=True),
     "name": text(NAME_RE.pattern, optional=True),  # it names folders and files
     "smoke": flag(),
     "init_from": text(optional=True),
@@ -211,13 +212,15 @@ class TrainJob:
         out = out or sys.stdout
         if self.smoke_mode:
             return self.smoke(out)
+        session, loader = self.build()  # every input read (a damaged one refused) before the run is touched
+        if self.init_from:
+            read_lora(self.root / self.init_from)
         payload = self.fingerprint_payload()
         key = fingerprint(payload)
         run = self.run_paths()
         choice, lines = prepare_run(run.root, key, payload)
         run.ensure_root()
         P.emit([f"train: {self.describe()}", *lines], out)
-        session, loader = self.build()
         settings = LoopSettings.from_config(self.cfg, fingerprint=key, fingerprint_inputs=payload)
         metrics = TrainingMetrics(self.metrics_dir, choice.state.step if choice.state else None)
         demos = self.demo_hook(session, run, fresh=choice.state is None, out=out)
