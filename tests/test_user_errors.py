@@ -32,7 +32,9 @@ from sa3mlx.data.encode import Codec, EncodeOptions, decode_normalized, encode_d
 from sa3mlx.data.encode_cache import LatentCache
 from sa3mlx.lora.bases import compute_svd_file, read_bases
 from sa3mlx.lora.checkpoint import read_lora
+from sa3mlx.models.config import T5GemmaConfig
 from sa3mlx.models.same import load_same_encoder
+from sa3mlx.models.tokenizer import PromptTokenizer
 from sa3mlx.runtime import layout
 from sa3mlx.runtime.errors import DEBUG_ENV, USER_ERROR_STATUS, ArtifactError, UserError, guarded
 from sa3mlx.runtime.schema import positive
@@ -434,6 +436,10 @@ def corruptions(data: bytes, seed: int, count: int = 8):
             yield bytes(damaged)
 
 
+def tokenizer(folder: Path) -> PromptTokenizer:
+    return PromptTokenizer.from_folder(folder, 16, 0)
+
+
 def fuzz_readers(root: Path) -> dict:
     """Artifact kind -> (file to damage, the reader a stage calls on it)."""
     converted, cache = root / layout.converted_dir(BASE), LatentCache(root / layout.ENCODE_CACHE_DIR)
@@ -459,6 +465,9 @@ def fuzz_readers(root: Path) -> dict:
         "converted npz": (converted / "same_encoder.npz", lambda: load_same_encoder(converted / "same_encoder.npz")),
         "manifest": (converted / "manifest.json", lambda: Codec.open(converted)),
         "model config": (converted / "model_config.json", lambda: Codec.open(converted)),
+        "tokenizer": (converted / "t5gemma" / "tokenizer.json", lambda: tokenizer(converted / "t5gemma")("a b")),
+        "tokenizer config": (converted / "t5gemma" / "tokenizer_config.json", lambda: tokenizer(converted / "t5gemma")),
+        "t5gemma config": (converted / "t5gemma" / "config.json", lambda: T5GemmaConfig.load(converted / "t5gemma")),
         "svd bases": (root / layout.svd_dir(BASE) / layout.SVD_FILE, lambda: read_bases(root / layout.svd_dir(BASE))),
         "adapter": (root / layout.adapter_path(RUN_NAME), lambda: read_lora(root / layout.adapter_path(RUN_NAME))),
         "resume npz": (resume_files(checkpoint)[0], lambda: find_resume(checkpoint.parents[2], FINGERPRINT)),
@@ -476,6 +485,9 @@ FUZZ_KINDS = (
     "converted npz",
     "manifest",
     "model config",
+    "tokenizer",
+    "tokenizer config",
+    "t5gemma config",
     "svd bases",
     "adapter",
     "resume npz",

@@ -175,7 +175,6 @@ def read_census(root: str | os.PathLike) -> dict[str, dict]:
     return {r["output"]: r for r in rows if "output" in r}
 
 
-
 def read_tags(audio: Path) -> dict[str, str]:
     sidecar = audio.with_suffix(".json")
     if not sidecar.is_file():

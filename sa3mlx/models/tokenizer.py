@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from sa3mlx.runtime.artifacts import read_json
-from sa3mlx.runtime.errors import UserError
+from sa3mlx.runtime.errors import ArtifactError, UserError, one_line
 
 
 class TokenizerError(UserError, RuntimeError):
@@ -70,7 +70,11 @@ class PromptTokenizer:
 def _sides(folder: Path) -> dict[str, str]:
     config = folder / "tokenizer_config.json"
     data = read_json(config, "tokenizer config") if config.is_file() else {}
-    return {"padding_side": data.get("padding_side", "right"), "truncation_side": data.get("truncation_side", "right")}
+    sides = {name: data.get(name, "right") for name in ("padding_side", "truncation_side")}
+    for name, side in sides.items():
+        if side not in ("left", "right"):
+            raise ArtifactError(config, f"damaged tokenizer config ({name} {side!r}: expected left or right)")
+    return sides
 
 
 def _fit(ids, mask, length: int, pad_id: int):
@@ -86,7 +90,10 @@ class _HFJsonBackend:
     def __init__(self, path: Path, max_length: int, pad_id: int, padding_side: str, truncation_side: str):
         from tokenizers import Tokenizer
 
-        self.tok = Tokenizer.from_file(str(path))
+        try:
+            self.tok = Tokenizer.from_file(str(path))
+        except Exception as e:  # the tokenizers library raises a bare Exception for a damaged file
+            raise ArtifactError(path, f"damaged tokenizer ({one_line(e)})") from e
         pad_token = self.tok.id_to_token(pad_id)
         if pad_token is None:
             raise TokenizerError(f"{path}: pad id {pad_id} is not in the vocabulary")
