@@ -24,7 +24,7 @@ import numpy as np
 
 from sa3mlx.data.prompts import PromptTemplate, build_prompt
 from sa3mlx.runtime.artifacts import read_json, read_npy
-from sa3mlx.runtime.errors import ArtifactError
+from sa3mlx.runtime.errors import ArtifactError, UserError
 
 SILENCE_FILE = "silence.npy"
 FILELIST = "filelist.txt"
@@ -108,7 +108,7 @@ def pad_latents(latents: np.ndarray, length: int, silence: np.ndarray | None) ->
         filler = np.zeros((latents.shape[0], need), np.float32)
     else:
         if silence.shape[0] != latents.shape[0]:
-            raise ValueError(f"silence.npy has {silence.shape[0]} channels, latents {latents.shape[0]}")
+            raise UserError(f"{SILENCE_FILE} has {silence.shape[0]} channels, the latents {latents.shape[0]}")
         filler = np.tile(silence, (1, math.ceil(need / silence.shape[1])))[:, :need]
     return np.concatenate([latents, filler], axis=1)
 

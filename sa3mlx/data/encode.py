@@ -292,7 +292,7 @@ def encode_dir(
         stem = latent_stem(rel)
         try:
             if f"{stem}.npy" in written:
-                raise ValueError(f"its output name {stem}.npy is taken by another file; rename one of them")
+                raise UserError(f"{rel}: its output name {stem}.npy is taken by another file; rename one of them")
             record = census.get(rel, {})
             meta, encoded = _encode_one(
                 normalized / rel,
@@ -358,9 +358,11 @@ def _encode_one(
         audio, rate = decode_normalized(audio_path, data, samples)
         del data
         if rate != codec.sample_rate or audio.shape[1] != codec.config.audio_channels:
-            raise ValueError(
-                f"{rate} Hz {audio.shape[1]} channels; the codec takes {codec.sample_rate} Hz "
-                f"{codec.config.audio_channels} channels (run normalize)"
+            raise ArtifactError(
+                audio_path,
+                f"{rate} Hz {audio.shape[1]} channels, but the codec takes {codec.sample_rate} Hz "
+                f"{codec.config.audio_channels} channels",
+                "normalize it again: `dvc repro -f normalize`",
             )
         latent, mask = encode_audio(codec.encoder, np.ascontiguousarray(audio.T), rate, options)
         entry = store.put(

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from sa3mlx.lora.checkpoint import save_lora
 from sa3mlx.models.prompt import PromptEncoder
-from sa3mlx.runtime.errors import ParamError
+from sa3mlx.runtime.errors import ArtifactError, ParamError
 from sa3mlx.runtime.schema import flag, integer
 from sa3mlx.sample.demo_entries import DemoEntry, checked_entries
 from sa3mlx.sample.demo_models import DemoModels, LiveModel
@@ -79,9 +79,9 @@ class TrainDemos:
         say: Callable[[str], None] = print,
     ):
         if settings.needs_arc and (arc_dir is None or not Path(arc_dir).is_dir()):
-            raise ValueError(
-                f"train.demos has ARC entries but the ARC model folder {arc_dir} is missing "
-                "(model.arc, converted by the convert stage)"
+            raise ArtifactError(
+                Path(arc_dir or "models/converted/<model.arc>"),
+                "missing (train.demos has ARC entries: they render on model.arc, converted by the convert stage)",
             )
         self.settings, self.session, self.out_dir = settings, session, Path(out_dir)
         self.label, self.fresh, self.say = label, fresh, say

@@ -81,7 +81,8 @@ class TrainConfig:
             return self.latent_crop_length
         family = variant.split("-")[0]
         if family not in CROP_BY_FAMILY:
-            raise ValueError(f"no default latent_crop_length for a '{variant}' model: set train.latent_crop_length")
+            problem = f"required: a '{variant}' model has no default (1300 small, 4096 medium)"
+            raise ParamError("train.latent_crop_length", problem, show_value=False)
         return CROP_BY_FAMILY[family]
 
     def as_dict(self) -> dict:
