@@ -179,6 +179,7 @@ BAD_PARAMS = [
     ("train", "train.batch_size", 2.5, ["train.batch_size: expected a whole number >= 1, got 2.5"]),
     ("train", "train.adapter", {"adapter_type": "dora-rowz"}, ["train.adapter.adapter_type: expected one of lora,"]),
     ("train", "train.adapter", {"rnak": 4}, ["train.adapter.rnak: unknown key; known: adapt_conditioner"]),
+    ("train", "train.adapter", {"include": [1]}, ["train.adapter.include: expected a list of text or null, got [1]"]),
     ("train", "train.preset", "underfit", ["train.preset: expected one of underfit-dashboard"]),
     ("train", "train.name", "../x", ["train.name: expected text matching"]),
     ("train", "train.demos", {"evry": 5}, ["train.demos.evry: unknown key"]),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sa3mlx.lora.types import ADAPTER_TYPES, ALIASES, LEGACY_DORA, adapter_kind
-from sa3mlx.runtime.schema import choice, integer, positive, spec
+from sa3mlx.runtime.schema import choice, integer, positive, spec, texts
 
 # the dashboard's default exclude list, in its order
 DEFAULT_EXCLUDE = (
@@ -35,8 +35,8 @@ class LoRAConfig:
     )
     rank: int = field(default=16, metadata=spec(integer(1)))
     alpha: float | None = field(default=None, metadata=spec(positive(optional=True)))  # None: alpha = rank (an int)
-    include: tuple[str, ...] | None = None  # None or empty: every layer
-    exclude: tuple[str, ...] | None = DEFAULT_EXCLUDE
+    include: tuple[str, ...] | None = field(default=None, metadata=spec(texts(optional=True)))  # None/empty: all
+    exclude: tuple[str, ...] | None = field(default=DEFAULT_EXCLUDE, metadata=spec(texts(optional=True)))
     adapt_conditioner: bool = True  # False adds "seconds_total" to exclude
 
     def __post_init__(self):

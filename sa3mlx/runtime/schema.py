@@ -31,7 +31,7 @@ _NUMBER_TEXT = re.compile(r"[-+]?(\d[\d_]*\.?[\d_]*|\.\d[\d_]*)([eE][-+]?\d+)?")
 
 @dataclass(frozen=True)
 class Spec:
-    kind: str  # number | integer | flag | text | choice | mapping | list | any
+    kind: str  # number | integer | flag | text | choice | mapping | list | texts | any
     low: float | None = None
     high: float | None = None
     above: bool = False  # low itself is refused ("positive")
@@ -48,6 +48,7 @@ class Spec:
             "choice": "one of " + ", ".join(str(c) for c in self.choices),
             "mapping": "a mapping (key: value)",
             "list": "a list",
+            "texts": "a list of text",
             "any": "a value",
         }[self.kind]
         return "expected " + text + (" or null" if self.optional else "")
@@ -123,6 +124,9 @@ _CHECKS = {
     "choice": lambda spec, value: value if isinstance(value, typing.Hashable) and value in spec.choices else _BAD,
     "mapping": lambda spec, value: value if isinstance(value, Mapping) else _BAD,
     "list": lambda spec, value: list(value) if isinstance(value, (list, tuple)) else _BAD,
+    "texts": lambda spec, value: (
+        list(value) if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value) else _BAD
+    ),
     "any": lambda spec, value: value,
 }
 
@@ -160,6 +164,10 @@ def mapping(optional: bool = False) -> Spec:
 
 def listing(optional: bool = False) -> Spec:
     return Spec("list", optional=optional)
+
+
+def texts(optional: bool = False) -> Spec:
+    return Spec("texts", optional=optional)
 
 
 def spec(declared: Spec) -> dict:
