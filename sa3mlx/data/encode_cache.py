@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,11 +101,6 @@ def _intact_entry(npy: Path, meta: Path) -> Entry | None:
         return entry if list(stored.shape) == entry.latent_shape and stored.dtype == np.float32 else None
     except (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError):
         return None
-
-
-def copy_atomic(src: str | os.PathLike, dst: str | os.PathLike) -> None:
-    with atomic_path(dst) as tmp:
-        shutil.copyfile(src, tmp)
 
 
 def remove_temporaries(root: str | os.PathLike) -> int:
