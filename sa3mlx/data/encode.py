@@ -30,11 +30,11 @@ from sa3mlx.models.same_chunked import encode_long, latent_mask
 from sa3mlx.runtime.artifacts import read_json, verify_listed
 from sa3mlx.runtime.errors import ArtifactError, ParamError, UserError, one_line, reading
 from sa3mlx.runtime.io import atomic_path, copy_atomic, remove_stale, save_json, sha256_file
+from sa3mlx.runtime.layout import MODEL_CONFIG_FILE, SAME_ENCODER_FILE, SAMPLE_RATE
 from sa3mlx.runtime.params import dataclass_from_params
 from sa3mlx.runtime.schema import integer, number, spec
 
 AUDIO_EXTENSIONS = (".wav", ".flac")  # what `normalize` writes
-ENCODER_FILE = "same_encoder.npz"
 DETAILS_FILE = "details.json"
 REPORT_FILE = "report.json"  # normalize's census: maps outputs to their raw sources
 RESERVED_ROOT_STEMS = ("details", "silence")  # details.json is ours; silence.npy pads clips in the dataset
@@ -119,9 +119,9 @@ class Codec:
     def open(cls, folder: str | os.PathLike) -> Codec:
         folder = Path(folder)
         config = autoencoder_config(folder)
-        sample_rate = int(read_json(folder / "model_config.json", "model config").get("sample_rate", 44100))
+        sample_rate = int(read_json(folder / MODEL_CONFIG_FILE, "model config").get("sample_rate", SAMPLE_RATE))
         described = {
-            "weights": sha256_file(verify_listed(folder / ENCODER_FILE, "SAME encoder weights")),
+            "weights": sha256_file(verify_listed(folder / SAME_ENCODER_FILE, "SAME encoder weights")),
             "encoder": asdict(config.encoder),
             "latent_dim": config.latent_dim,
             "patch_size": config.patch_size,
@@ -135,7 +135,7 @@ class Codec:
     @property
     def encoder(self) -> SameEncoder:
         if self._encoder is None:
-            self._encoder = load_same_encoder(self.folder / ENCODER_FILE, self.config)
+            self._encoder = load_same_encoder(self.folder / SAME_ENCODER_FILE, self.config)
         return self._encoder
 
 
