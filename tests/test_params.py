@@ -93,6 +93,7 @@ def test_declared_entries(project):
     (project / "params.yaml").write_text(yaml.safe_dump({"model": {"base": "x"}, "fit": {"lr": 1}}))
     with pytest.raises(ParamError, match="params.yaml: fit.seed: missing"):
         stage_params("fit", project)["fit"]["seed"]
+    assert stage_params("fit", project)["fit"].get("seed", 7) == 7  # a declared key may be left to its default
 
 
 def test_audit_written_at_exit(project, tmp_path):

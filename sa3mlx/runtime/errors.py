@@ -53,6 +53,13 @@ class ParamError(UserError, ValueError):
         super().__init__(f"{layout.PARAMS_FILE}: {key}: {problem}{got}")
         self.key = key
 
+    def __str__(self) -> str:  # KeyError (of MissingParamError) would quote the message
+        return str(self.args[0])
+
+
+class MissingParamError(ParamError, KeyError):
+    """A declared key params.yaml lacks; a KeyError too, so `section.get(key, default)` falls back."""
+
 
 class ArtifactError(UserError):
     """A missing or damaged file another stage wrote: names the file, what is wrong and the fix."""

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from sa3mlx.runtime.errors import ParamError, UserError
+from sa3mlx.runtime.errors import MissingParamError, ParamError, UserError
 from sa3mlx.runtime.io import save_json
 from sa3mlx.runtime.schema import SHARED_SPECS, options_from_params
 
@@ -85,7 +85,7 @@ class StageParams(Mapping):
                 "when it changes"
             )
         if key not in self._data:
-            raise ParamError(path, f"missing (stage '{usage.stage}' reads it)", show_value=False)
+            raise MissingParamError(path, f"missing (stage '{usage.stage}' reads it)", show_value=False)
         value = self._data[key]
         if declared is None:  # a section above declared keys: descend
             if not isinstance(value, Mapping):
@@ -165,7 +165,7 @@ def stage_params(stage: str, root: str | Path = ".") -> StageParams:
 
 
 def load_params_file(path: Path) -> dict:
-    """params.yaml as a mapping; a missing file or a YAML mistake is a one-line ParamError."""
+    """params.yaml as a mapping; a missing file or a YAML mistake is a one-line UserError."""
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
