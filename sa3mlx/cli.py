@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import sa3mlx  # noqa: F401  (BLAS set-up before anything imports mlx)
+from sa3mlx.runtime.errors import UserError, guarded
 
 
 def _convert(args) -> int:
@@ -58,6 +59,12 @@ def _lora_merge(args) -> int:
     rule = MLX_MERGE_RULE if args.mlx_strength_rule else TORCH_SEMANTICS
     merge_files(args.base, args.lora, args.out, rule, args.svd_dir)
     return 0
+
+
+def _doctor(args) -> int:
+    from sa3mlx.doctor import main as doctor_main
+
+    return doctor_main()
 
 
 def _config(args) -> int:
@@ -140,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sa3mlx", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
+    doctor = sub.add_parser(
+        "doctor", help="check params.yaml, the model folders and data/raw before `dvc repro` (run in the project)"
+    )
+    doctor.set_defaults(run=_doctor)
+
     conv = sub.add_parser("convert", help="torch SA3/SAME/T5Gemma checkpoint -> MLX npz files")
     conv.add_argument("source", help="HF model folder (model_config.json + model.safetensors) or a checkpoint file")
     conv.add_argument("out_dir")
@@ -200,21 +212,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sa3mlx.convert.checkpoint import CheckpointError
-    from sa3mlx.lora.layers import LoRAShapeError
-    from sa3mlx.models.config import ConfigError
-    from sa3mlx.parity.registry import ParityError
-    from sa3mlx.sample.generate import GenerateError
-
+    """Run a subcommand: a user error is one `sa3mlx: <command>: <message>` line and status 2."""
     args = build_parser().parse_args(argv)
     if args.command == "generate" and args.model is None:
         args.model = _default_model()
+    return guarded(args.command, lambda: _run_reporting_user_errors(args))
+
+
+def _run_reporting_user_errors(args) -> int:
+    from sa3mlx.parity.registry import ParityError
+
     try:
         return args.run(args)
-    except (CheckpointError, ConfigError, ParityError, FileNotFoundError, LoRAShapeError, GenerateError) as e:
-        message = " ".join(str(e).split())  # one line
-        print(f"sa3mlx {args.command}: error: {message}", file=sys.stderr)
-        return 2
+    except FileNotFoundError as e:
+        raise UserError(f"{e.filename or e}: no such file or folder") from e
+    except ParityError as e:
+        raise UserError(str(e)) from e
 
 
 if __name__ == "__main__":

@@ -4,17 +4,20 @@ import sys
 
 import sa3mlx  # noqa: F401  (BLAS set-up first, as in every stage)
 from sa3mlx.audio.census import summary
-from sa3mlx.audio.normalize import Options, normalize_dir, stage_failure
+from sa3mlx.audio.normalize import Options, check_codec_rate, normalize_dir, stage_failure
+from sa3mlx.runtime.errors import run_stage
+from sa3mlx.runtime.layout import MODEL_CONFIG_FILE, NORMALIZED_DIR, RAW_DIR, source_model_dir
 from sa3mlx.runtime.params import stage_params
-
-RAW, OUT = "data/raw", "data/normalized"
 
 
 def main() -> int:
     sys.stdout.reconfigure(errors="backslashreplace")
-    options = Options.from_params(stage_params("normalize")["normalize"])
-    report = normalize_dir(RAW, OUT, options)
-    print(summary(report, RAW, OUT))
+    params = stage_params("normalize")
+    options = Options.from_params(params["normalize"])
+    base = params["model"]["base"]
+    check_codec_rate(options.sample_rate, source_model_dir(base) / MODEL_CONFIG_FILE, base)
+    report = normalize_dir(RAW_DIR, NORMALIZED_DIR, options)
+    print(summary(report, RAW_DIR, NORMALIZED_DIR))
     failure = stage_failure(report, options.strict)
     if failure:
         print(f"normalize: {failure}", file=sys.stderr)
@@ -23,4 +26,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_stage("normalize", main)

@@ -12,6 +12,7 @@ import argparse
 import sys
 
 import sa3mlx  # noqa: F401  (BLAS set-up first, as in every stage)
+from sa3mlx.runtime.errors import run_stage
 from sa3mlx.runtime.params import stage_params
 from sa3mlx.train.job import TrainJob
 
@@ -27,4 +28,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_stage("train", main)

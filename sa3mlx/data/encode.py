@@ -27,11 +27,14 @@ from sa3mlx.data.encode_cache import LatentCache, entry_key, remove_temporaries
 from sa3mlx.models.config import AutoencoderConfig
 from sa3mlx.models.same import SameEncoder, autoencoder_config, load_same_encoder
 from sa3mlx.models.same_chunked import encode_long, latent_mask
+from sa3mlx.runtime.artifacts import read_json, verify_listed
+from sa3mlx.runtime.errors import ArtifactError, ParamError, UserError, one_line, reading
 from sa3mlx.runtime.io import atomic_path, copy_atomic, remove_stale, save_json, sha256_file
+from sa3mlx.runtime.layout import MODEL_CONFIG_FILE, SAME_ENCODER_FILE, SAMPLE_RATE
 from sa3mlx.runtime.params import dataclass_from_params
+from sa3mlx.runtime.schema import integer, number, spec
 
 AUDIO_EXTENSIONS = (".wav", ".flac")  # what `normalize` writes
-ENCODER_FILE = "same_encoder.npz"
 DETAILS_FILE = "details.json"
 REPORT_FILE = "report.json"  # normalize's census: maps outputs to their raw sources
 RESERVED_ROOT_STEMS = ("details", "silence")  # details.json is ours; silence.npy pads clips in the dataset
@@ -50,9 +53,9 @@ SIDECAR_FIELDS = (
 
 @dataclass(frozen=True)
 class EncodeOptions:
-    chunk_latents: int = 128  # production chunking: chunk length in latents
-    overlap: int = 32  # latents shared by neighbouring chunks (half dropped on each side)
-    chunk_above_seconds: float = 30.0  # longer files are encoded in chunks, shorter ones in one pass
+    chunk_latents: int = field(default=128, metadata=spec(integer(1)))  # production chunking: chunk length in latents
+    overlap: int = field(default=32, metadata=spec(integer(0)))  # latents shared by neighbours (half dropped each side)
+    chunk_above_seconds: float = field(default=30.0, metadata=spec(number(0)))  # longer files: chunked
     shard: str | None = None  # "i/n": encode only this process's share of the files
 
     @classmethod
@@ -63,11 +66,12 @@ class EncodeOptions:
 
     def validate(self) -> None:
         if not (isinstance(self.chunk_latents, int) and isinstance(self.overlap, int)):
-            raise ValueError("encode.chunk_latents and encode.overlap must be whole numbers of latents")
+            raise ParamError("encode.chunk_latents", "chunk_latents and overlap must be whole numbers of latents")
         if not 0 <= self.overlap < self.chunk_latents:
-            raise ValueError(f"encode.overlap {self.overlap} must be in [0, chunk_latents={self.chunk_latents})")
+            bound = f"expected a whole number in [0, chunk_latents={self.chunk_latents})"
+            raise ParamError("encode.overlap", bound, self.overlap)
         if self.chunk_above_seconds < 0:
-            raise ValueError(f"encode.chunk_above_seconds {self.chunk_above_seconds} must be >= 0")
+            raise ParamError("encode.chunk_above_seconds", "expected a number >= 0", self.chunk_above_seconds)
         parse_shard(self.shard)
 
     def fingerprint(self) -> dict:
@@ -87,9 +91,9 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     try:
         index, count = (int(part) for part in str(text).split("/"))
     except ValueError:
-        raise ValueError(f"encode.shard {text!r}: expected 'i/n', e.g. '0/4'") from None
+        raise ParamError("encode.shard", "expected 'i/n' (e.g. '0/4') or null", text) from None
     if not 0 <= index < count:
-        raise ValueError(f"encode.shard {text!r}: need 0 <= i < n")
+        raise ParamError("encode.shard", "expected 'i/n' with 0 <= i < n", text)
     return index, count
 
 
@@ -115,9 +119,9 @@ class Codec:
     def open(cls, folder: str | os.PathLike) -> Codec:
         folder = Path(folder)
         config = autoencoder_config(folder)
-        sample_rate = int(json.loads((folder / "model_config.json").read_text()).get("sample_rate", 44100))
+        sample_rate = int(read_json(folder / MODEL_CONFIG_FILE, "model config").get("sample_rate", SAMPLE_RATE))
         described = {
-            "weights": sha256_file(folder / ENCODER_FILE),
+            "weights": sha256_file(verify_listed(folder / SAME_ENCODER_FILE, "SAME encoder weights")),
             "encoder": asdict(config.encoder),
             "latent_dim": config.latent_dim,
             "patch_size": config.patch_size,
@@ -131,7 +135,7 @@ class Codec:
     @property
     def encoder(self) -> SameEncoder:
         if self._encoder is None:
-            self._encoder = load_same_encoder(self.folder / ENCODER_FILE, self.config)
+            self._encoder = load_same_encoder(self.folder / SAME_ENCODER_FILE, self.config)
         return self._encoder
 
 
@@ -160,22 +164,22 @@ def list_audio(root: str | os.PathLike) -> list[str]:
     return sorted(found)
 
 
-def read_sources(root: str | os.PathLike) -> dict[str, str]:
-    """{normalised relpath: raw relpath} from normalize's report (empty without one)."""
+def read_census(root: str | os.PathLike) -> dict[str, dict]:
+    """{normalised relpath: its record (source, samples, ...)} from normalize's report (empty without one)."""
     report = Path(root) / REPORT_FILE
     if not report.is_file():
         return {}
-    return {r["output"]: r["source"] for r in json.loads(report.read_text()).get("files", []) if "output" in r}
+    rows = read_json(report, "normalize census").get("files", [])
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise ArtifactError(report, "damaged normalize census (files is not a list of objects)")
+    return {r["output"]: r for r in rows if "output" in r}
 
 
 def read_tags(audio: Path) -> dict[str, str]:
     sidecar = audio.with_suffix(".json")
     if not sidecar.is_file():
         return {}
-    tags = json.loads(sidecar.read_text(encoding="utf-8"))
-    if not isinstance(tags, dict):
-        raise ValueError(f"{sidecar}: tags must be a JSON object")
-    return {str(k): str(v) for k, v in tags.items()}
+    return {str(k): str(v) for k, v in read_json(sidecar, "tag sidecar").items()}
 
 
 def latent_stem(relpath: str) -> str:
@@ -280,7 +284,7 @@ def encode_dir(
     if shard is None:  # shards may run side by side: only a lone run may sweep temporaries
         store.remove_leftovers()
     files = [rel for rel in list_audio(normalized) if in_shard(rel, shard)]
-    sources = read_sources(normalized)
+    census = read_census(normalized)
     summary, progress = Summary(total=len(files)), Progress(len(files), log)
     written = {DETAILS_FILE}
     for index, rel in enumerate(files, 1):
@@ -288,13 +292,22 @@ def encode_dir(
         stem = latent_stem(rel)
         try:
             if f"{stem}.npy" in written:
-                raise ValueError(f"its output name {stem}.npy is taken by another file; rename one of them")
+                raise UserError(f"{rel}: its output name {stem}.npy is taken by another file; rename one of them")
+            record = census.get(rel, {})
             meta, encoded = _encode_one(
-                normalized / rel, latents, stem, sources.get(rel, rel), store, codec, options, log
+                normalized / rel,
+                latents,
+                stem,
+                record.get("source", rel),
+                store,
+                codec,
+                options,
+                log,
+                record.get("samples"),
             )
         except Exception as e:  # one bad file never stops the rest
-            error = f"{type(e).__name__}: {e}"
-            summary.errors.append({"path": rel, "error": error})
+            error = one_line(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
+            summary.errors.append({"path": rel, "error": error, "user": isinstance(e, UserError)})
             progress.failed(index, rel, error)
             continue
         written.update({f"{stem}.npy", f"{stem}.json"})
@@ -305,12 +318,24 @@ def encode_dir(
         else:
             summary.skipped += 1
             progress.cached(index, rel)
+    for dropped in store.dropped:
+        log(f"encode: dropped a damaged cache entry {dropped} (its file was encoded again)")
     if shard is None:
         remove_temporaries(latents)
         remove_stale(latents, written)
         save_json(latents / DETAILS_FILE, details(codec, options, model, normalized, summary))
     summary.wall = time.perf_counter() - started
     return summary
+
+
+def decode_normalized(path: Path, data: bytes, samples: int | None = None) -> tuple[np.ndarray, int]:
+    """([samples, channels] float32, rate) of a normalized file's bytes; damage (or a length other
+    than the census's `samples`: a truncated file decodes) is an ArtifactError."""
+    with reading(path, "normalized audio"):
+        audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    if samples is not None and audio.shape[0] != samples:
+        raise ArtifactError(path, f"damaged normalized audio ({audio.shape[0]} samples; {REPORT_FILE} says {samples})")
+    return audio, rate
 
 
 def _encode_one(
@@ -322,6 +347,7 @@ def _encode_one(
     codec: Codec,
     options: EncodeOptions,
     log,
+    samples: int | None = None,
 ) -> tuple[dict, bool]:
     """Encode one file (or find it in the cache) and write its npy + sidecar; (sidecar, encoded?)."""
     data = audio_path.read_bytes()
@@ -329,12 +355,14 @@ def _encode_one(
     entry = store.get(key)
     encoded = entry is None
     if encoded:
-        audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+        audio, rate = decode_normalized(audio_path, data, samples)
         del data
         if rate != codec.sample_rate or audio.shape[1] != codec.config.audio_channels:
-            raise ValueError(
-                f"{rate} Hz {audio.shape[1]} channels; the codec takes {codec.sample_rate} Hz "
-                f"{codec.config.audio_channels} channels (run normalize)"
+            raise ArtifactError(
+                audio_path,
+                f"{rate} Hz {audio.shape[1]} channels, but the codec takes {codec.sample_rate} Hz "
+                f"{codec.config.audio_channels} channels",
+                "normalize it again: `dvc repro -f normalize`",
             )
         latent, mask = encode_audio(codec.encoder, np.ascontiguousarray(audio.T), rate, options)
         entry = store.put(

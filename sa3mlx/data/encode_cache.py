@@ -5,7 +5,8 @@ params), so a renamed or re-normalised identical file hits, and any change to th
 the params misses everywhere. Each entry is two files under `<root>/<key[:2]>/`: the latents
 `<key>.npy` ([latent_dim, T] float32) and `<key>.json` (mask, sample count, what was hashed).
 Both are written atomically, the npy first: the json is the commit mark, so an entry is
-either complete or absent, whatever kills the process.
+either complete or absent, whatever kills the process. The json records the npy's sha256: an
+entry damaged later is dropped on lookup and its file encoded again.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sa3mlx.runtime.io import atomic_path, save_json
+from sa3mlx.runtime.io import atomic_path, save_json, sha256_file
 
 TMP_SUFFIX = ".tmp"  # what `atomic_path` leaves behind only when the process is killed
 
@@ -39,6 +40,7 @@ class Entry:
 class LatentCache:
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
+        self.dropped: list[Path] = []  # damaged entries found (and removed) by get()
 
     def ignore_in_git(self) -> None:
         """A `*` .gitignore inside: DVC gitignores only cached outputs, and this one is `cache: false`."""
@@ -52,19 +54,23 @@ class LatentCache:
         return folder / f"{key}.npy", folder / f"{key}.json"
 
     def get(self, key: str) -> Entry | None:
+        """The entry, or None when absent; a damaged entry is dropped (both files) so it is encoded again."""
         npy, meta = self._paths(key)
         if not (meta.is_file() and npy.is_file()):
             return None
-        try:
-            info = json.loads(meta.read_text())
-            return Entry(npy, list(info["latent_shape"]), list(info["padding_mask"]), int(info["audio_samples"]))
-        except (ValueError, KeyError, TypeError):  # a hand-edited or foreign file: encode again
-            return None
+        entry = _intact_entry(npy, meta)
+        if entry is None:
+            npy.unlink(missing_ok=True)
+            meta.unlink(missing_ok=True)
+            self.dropped.append(npy)
+        return entry
 
     def put(self, key: str, latents: np.ndarray, mask: np.ndarray, audio_samples: int, about: dict) -> Entry:
         npy, meta = self._paths(key)
-        with atomic_path(npy) as tmp, open(tmp, "wb") as f:
-            np.save(f, np.ascontiguousarray(latents, dtype=np.float32))
+        with atomic_path(npy) as tmp:
+            with open(tmp, "wb") as f:
+                np.save(f, np.ascontiguousarray(latents, dtype=np.float32))
+            latents_sha256 = sha256_file(tmp)
         padding = [int(v) for v in mask]
         save_json(
             meta,
@@ -73,6 +79,7 @@ class LatentCache:
                 "padding_mask": padding,
                 "audio_samples": int(audio_samples),
                 "latent_shape": list(latents.shape),
+                "latents_sha256": latents_sha256,
             },
         )
         return Entry(npy, list(latents.shape), padding, int(audio_samples))
@@ -80,6 +87,20 @@ class LatentCache:
     def remove_leftovers(self) -> int:
         """Delete temporary files a killed run left behind; returns how many."""
         return remove_temporaries(self.root)
+
+
+def _intact_entry(npy: Path, meta: Path) -> Entry | None:
+    """The entry when its json parses and its npy matches it (sha256 when recorded, else header and shape)."""
+    try:
+        info = json.loads(meta.read_text())
+        entry = Entry(npy, list(info["latent_shape"]), list(info["padding_mask"]), int(info["audio_samples"]))
+        recorded = info.get("latents_sha256")
+        if recorded is not None:
+            return entry if sha256_file(npy) == recorded else None
+        stored = np.load(npy, mmap_mode="r", allow_pickle=False)
+        return entry if list(stored.shape) == entry.latent_shape and stored.dtype == np.float32 else None
+    except (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def remove_temporaries(root: str | os.PathLike) -> int:
