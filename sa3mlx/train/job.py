@@ -29,13 +29,15 @@ from sa3mlx.lora.types import adapter_kind
 from sa3mlx.models.config import ModelConfig
 from sa3mlx.train import progress as P
 from sa3mlx.train.demos import DemoSettings, TrainDemos
+from sa3mlx.train.distributed import DistributedSettings, World, make_loop, run_rank, sync_start
 from sa3mlx.train.loop import LoopSettings, TrainingLoop
 from sa3mlx.train.metrics import TrainingMetrics
 from sa3mlx.train.presets import TrainConfig, resolve
 from sa3mlx.train.resume import fingerprint, fingerprint_inputs, load_resume, prepare_run, resume_files
 from sa3mlx.train.runs import RunPaths, copy_atomic
 
-STAGE_KEYS = ("preset", "name", "smoke", "init_from", "step_offset", "epoch_offset", "demos")  # not TrainConfig fields
+# not TrainConfig fields
+STAGE_KEYS = ("preset", "name", "smoke", "init_from", "step_offset", "epoch_offset", "demos", "distributed")
 # deps that only the in-training demos read: declared (DVC reruns the stage) but not fingerprinted (it resumes)
 DEMO_DEPS = (
     "models/converted/${model.arc}",
@@ -70,6 +72,7 @@ class TrainJob:
     dvc_file: str = "dvc.yaml"
     arc: str | None = None  # model.arc: the ARC model of the in-training demos
     demos: DemoSettings = DemoSettings()
+    distributed: DistributedSettings = DistributedSettings()  # not fingerprinted: another world size resumes
 
     @classmethod
     def from_params(cls, params: dict, base: str, root: str | Path = ".", arc: str | None = None) -> TrainJob:
@@ -88,12 +91,14 @@ class TrainJob:
             root=Path(root),
             arc=arc,
             demos=DemoSettings.from_params(stage.get("demos")),
+            distributed=DistributedSettings.from_params(stage.get("distributed")),
         )
         if not NAME_RE.fullmatch(job.name):
             raise ValueError(
                 f"train.name '{job.name}' must be letters, digits, '.', '_' or '-' (it names folders and files)"
             )
         job.check_declared(params)
+        job.distributed.check_batch(cfg.batch_size, cfg.grad_accum)
         return job
 
     # ---- paths ----------------------------------------------------------------------------------
@@ -202,6 +207,11 @@ class TrainJob:
         out = out or sys.stdout
         if self.smoke_mode:
             return self.smoke(out)
+        world = World.current(self.distributed)  # one process unless started by mlx.launch
+        return run_rank(self, world, out) if world.size > 1 else self.train(out, world)
+
+    def train(self, out: IO, world: World) -> int:
+        """The run on rank 0 (the one that writes the outputs) or alone."""
         payload = self.fingerprint_payload()
         key = fingerprint(payload)
         run = self.run_paths()
@@ -212,11 +222,13 @@ class TrainJob:
         settings = LoopSettings.from_config(self.cfg, fingerprint=key, fingerprint_inputs=payload)
         metrics = TrainingMetrics(self.metrics_dir, choice.state.step if choice.state else None)
         demos = self.demo_hook(session, run, fresh=choice.state is None, out=out)
-        loop = TrainingLoop(session, loader, run, settings, metrics=metrics, out=out, on_step=demos)
+        loop = make_loop(world, session, loader, run, settings, metrics=metrics, out=out, on_step=demos)
         if choice.state is not None:
             loop.restore(choice.state, choice.checkpoint)
         elif self.init_from:
             loop.start_from_adapter(self.root / self.init_from, self.step_offset, self.epoch_offset)
+        saved_world = choice.state.loop.get("world_size", 1) if choice.state is not None else None
+        sync_start(world, loop, saved_world, say=lambda line: P.emit(line, out))
         result = loop.run()
         if result.status == "done" and result.checkpoint is not None:
             copy_atomic(result.checkpoint, self.final_adapter)
