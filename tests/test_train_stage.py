@@ -4,6 +4,7 @@ git+dvc copy of the project."""
 
 import io
 
+import numpy as np
 import pytest
 import yaml
 from dvc_project import make_project, run
@@ -14,6 +15,7 @@ from sa3mlx.lora.checkpoint import read_lora
 from sa3mlx.lora.validate import validate
 from sa3mlx.train import progress as P
 from sa3mlx.train.job import TrainJob
+from sa3mlx.train.loop import batch_inputs
 from sa3mlx.train.runs import list_checkpoints
 
 
@@ -36,19 +38,22 @@ def test_real_run_stdout_reads_like_underfit_for_the_dashboard(tiny_project):
     assert all(total == 3 and epoch == (step - 1) // 3 for step, (epoch, total, _) in steps.items())
     final = read_lora(tiny_project / "models" / "lora" / "console.safetensors")
     trainable = sum(v.size for tensors in final.layers.values() for v in tensors.values())
-    assert plain[1:5] == [
+    assert plain[1:6] == [
+        "train: prompts: 0 of 6 training items have an empty prompt (no tags or other source)",
         "LoRA config: rank=4, alpha=4, adapter_type=dora-rows",
-        plain[2],
+        plain[3],
         f"lora layers: {len(final.layers)}",
         f"Trainable LoRA params: {trainable:,}",
     ]
-    assert plain[2].startswith("  exclude: ['to_timestep_embed'")
+    assert plain[3].startswith("  exclude: ['to_timestep_embed'")
+    best = tiny_project / "models" / "lora" / "console-best.safetensors"
     preview = plain.index("Prompt preview (6 samples):")
     assert plain[preview + 7 :] == [
         "Training to global step 8 (8 new steps from step_offset=0); save every 3",
         "✓ Saved checkpoint -- console-step=3-epoch=0.safetensors",
         "✓ Saved checkpoint -- console-step=6-epoch=1.safetensors",
         "✓ Saved checkpoint -- console-step=8-epoch=3.safetensors (final)",
+        f"best: no candidate past the warm-up (train loss EMA 0.9); the final adapter -> {best}",
         P.TRAINING_DONE,
         f"train: final adapter {tiny_project}/models/lora/console.safetensors (= console-step=8-epoch=3.safetensors)",
     ]
@@ -56,6 +61,7 @@ def test_real_run_stdout_reads_like_underfit_for_the_dashboard(tiny_project):
     assert [r[0] for r in records] == list(range(8)) and all(0 < r[1] < 1 for r in records)
     report = validate(tiny_project / "models" / "lora" / "console.safetensors")
     assert report["ok"] and report["config"]["step"] == 8 and report["config"]["epoch"] == 3
+    assert best.read_bytes() == (tiny_project / "models" / "lora" / "console.safetensors").read_bytes()
 
 
 def test_smoke_mode_checks_a_resume_and_leaves_the_run_alone(tiny_project):
@@ -112,3 +118,33 @@ def test_dvc_repro_train_on_the_embedded_default(tmp_path):
     again = run(["dvc", "repro", "train"], project)
     assert f"resume: continuing from {params['name']}-step={params['max_steps']}-" in again
     assert validate(final)["config"]["step"] == params["max_steps"] + 4
+
+
+@pytest.mark.parametrize("override", [None, False])
+def test_padded_batch_takes_the_masked_path_the_model_config_asks_for(tiny_project, monkeypatch, override):
+    from sa3mlx.models.dit import DiT
+
+    params = {} if override is None else {"mask_padding_attention": override}
+    job = _job(tiny_project, name="masked", latent_crop_length=48, **params)  # longer than every clip
+    assert job.model_config().mask_padding_attention  # tiny-base, as every shipped SA3 config
+    expected = override is None
+    source = "model config" if override is None else "train.mask_padding_attention"
+    assert f"mask_padding_attention {str(expected).lower()} ({source})" in job.describe()
+    session, loader = job.build()
+    batch = next(loader.epoch())
+    assert not batch.padding_mask.all(axis=1).any()  # every row padded
+    seen = []
+    forward = DiT.__call__
+
+    def spy(self, *args, padding_mask=None, **kwargs):
+        seen.append(None if padding_mask is None else padding_mask.shape)  # traced by mx.compile: no values
+        return forward(self, *args, padding_mask=padding_mask, **kwargs)
+
+    monkeypatch.setattr(DiT, "__call__", spy)
+    assert session.objective.dit_padding_mask is expected and session.objective.loss_on_signal_only is expected
+    assert session.step(batch_inputs(batch), np.random.default_rng(0)).finite
+    assert seen
+    if expected:
+        assert seen == [batch.padding_mask.shape] * len(seen)
+    else:
+        assert seen == [None] * len(seen)

@@ -10,9 +10,10 @@
   each (micro-)batch (`TrainingSession.share`): together the ranks compute exactly the samples,
   noise and timesteps of the 1-rank run.
 - The loss and gradients are averaged across ranks once per optimizer step, after gradient
-  accumulation and before clipping (`StepCore.reduce` = `World.average`), inside the compiled step.
-- Decisions that depend on one process (SAVE_NOW / signals, the wall clock, the WSD plan) are
-  agreed once per step with one small `all_sum`; rank 0's clock counts.
+  accumulation and before clipping (`StepCore.reduce` = `World.average`), inside the compiled step,
+  as one `all_sum` of one flat buffer.
+- Decisions that depend on one process (SAVE_NOW / signals, the time budget's clock, the WSD
+  plan) are agreed once per step with one small `all_sum`; rank 0's clock counts.
 - Rank 0 alone writes outputs; the others keep a scratch run folder outside the workspace (removed
   at exit) and print nothing to stdout. The start state (fresh, resumed or `init_from`) is rank 0's,
   sent to every rank, so only rank 0's host needs `runs/<name>/`.
@@ -26,6 +27,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import json
 import os
@@ -40,11 +42,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 
+from sa3mlx.train import progress as P
 from sa3mlx.train.loop import LoopSettings, TrainingLoop
-from sa3mlx.train.optim import WarmupStableDecay, WSDPlan
 from sa3mlx.train.resume import ResumeState, load_resume, resume_files, save_resume
 from sa3mlx.train.runs import RunPaths
 
@@ -199,12 +200,18 @@ class World:
         return self.rank == 0
 
     def average(self, loss: mx.array, grads: dict) -> tuple[mx.array, dict]:
-        """The mean loss and gradients over the ranks (each rank's share has the same size)."""
+        """The mean loss and gradients over the ranks (each rank's share has the same size), as one
+        all_sum of one flat buffer: one round of messages per step, and no reliance on several
+        collectives of one compiled graph being scheduled in the same order on every rank."""
         if self.size == 1:
             return loss, grads
-        keys = list(grads)  # a list: average_gradients would split the dotted checkpoint keys into a tree
-        averaged = nn.average_gradients([grads[k] for k in keys], self.group)
-        return mx.distributed.all_sum(loss, group=self.group) / self.size, dict(zip(keys, averaged))
+        keys = list(grads)
+        parts = [loss.astype(mx.float32).reshape(1)] + [grads[k].reshape(-1) for k in keys]
+        total = mx.distributed.all_sum(mx.concatenate(parts), group=self.group) / self.size
+        ends = np.cumsum([p.size for p in parts]).tolist()
+        pieces = [total[start:end] for start, end in zip([0, *ends[:-1]], ends)]
+        averaged = {k: piece.reshape(grads[k].shape).astype(grads[k].dtype) for k, piece in zip(keys, pieces[1:])}
+        return pieces[0].reshape(loss.shape).astype(loss.dtype), averaged
 
     def sum(self, values) -> np.ndarray:
         """An elementwise float32 sum of small host vectors across the ranks."""
@@ -297,6 +304,7 @@ class Watchdog:
                     file=sys.stderr,
                     flush=True,
                 )
+                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)  # where it hung
                 os._exit(EXIT_TIMEOUT)
 
 
@@ -346,6 +354,11 @@ class DataParallelLoop(TrainingLoop):
         super().__init__(*args, **kwargs)
         self.world = world
         self._step_seconds = 0.0
+        # the time budget counts rank 0's clock, agreed after each step; a WSD plan uses rank 0's timing
+        self._budget_add, freeze = self.budget.add, getattr(self.budget, "freeze", None)
+        self.budget.add = self._hold_seconds
+        if freeze is not None:
+            self.budget.freeze = lambda seconds, steps_done: freeze(float(world.from_writer([seconds])[0]), steps_done)
 
     def run(self):
         try:
@@ -356,7 +369,7 @@ class DataParallelLoop(TrainingLoop):
         except RuntimeError as e:  # the ring reports a closed socket as "connection to a peer was lost"
             raise PeerLost(f"train: rank {self.world.rank}: {e}; the run stops") from e
 
-    def _count_time(self, seconds: float) -> None:
+    def _hold_seconds(self, seconds: float) -> None:
         self._step_seconds = seconds  # counted in _after_step, once the ranks agree on rank 0's
 
     def _after_step(self, finite, result, seconds, epoch, requests):
@@ -364,7 +377,7 @@ class DataParallelLoop(TrainingLoop):
         save, stop, rank0_seconds = self.world.sum(local if self.world.writer else [*local[:2], 0.0])
         if stop and requests.stop_signal is None:
             requests.stop_signal = signal.SIGTERM  # another rank was stopped
-        super()._count_time(float(rank0_seconds))
+        self._budget_add(float(rank0_seconds))
         self.world.watchdog.arm(f"step {self.global_step + 1}")
         return super()._after_step(finite, result, seconds, epoch, AgreedRequests(bool(save), bool(stop)))
 
@@ -383,16 +396,6 @@ class DataParallelLoop(TrainingLoop):
         state = super().resume_state(epoch)
         state.loop["world_size"] = self.world.size
         return state
-
-    def _ensure_wsd_plan(self, batch) -> None:
-        schedule = getattr(self.session, "schedule", None)
-        fresh = isinstance(schedule, WarmupStableDecay) and schedule.plan is None
-        super()._ensure_wsd_plan(batch)
-        if fresh:  # rank 0's timing decides the plan of every rank
-            plan = schedule.plan
-            values = [plan.total_steps, plan.warmup_steps, plan.decay_steps, plan.seconds_per_step]
-            agreed = self.world.from_writer(values)
-            schedule.plan = WSDPlan(int(agreed[0]), int(agreed[1]), int(agreed[2]), float(agreed[3]))
 
 
 class PeerLost(RuntimeError):
@@ -449,15 +452,15 @@ def run_follower(job, world: World) -> int:
     session, loader = job.build()
     with tempfile.TemporaryDirectory(prefix=f"sa3mlx-rank{world.rank}-") as scratch, open(os.devnull, "w") as out:
         run = RunPaths.create(scratch, job.name, "00000000")
-        loop = make_loop(world, session, loader, run, LoopSettings.from_config(job.cfg), out=out)
+        loop = make_loop(world, session, loader, run, LoopSettings.from_config(job.cfg), console=P.Console(out))
         sync_start(world, loop)
         return loop.run().exit_code
 
 
-def run_rank(job, world: World, out) -> int:
+def run_rank(job, world: World, console) -> int:
     """This rank's part of the stage run; a mismatch or a lost peer ends it with a message."""
     try:
-        return job.train(out, world) if world.writer else run_follower(job, world)
+        return job.train(console, world) if world.writer else run_follower(job, world)
     except RankMismatch as e:
         print(e, file=sys.stderr, flush=True)
         return EXIT_MISMATCH

@@ -16,7 +16,6 @@ them reruns the stage, which resumes.
 from __future__ import annotations
 
 import re
-import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,20 +23,36 @@ from typing import IO
 
 import yaml
 
-from sa3mlx.data.dataset import BatchLoader, EpochSampler, PreEncodedDataset
+from sa3mlx.data.dataset import BatchLoader, EpochSampler, PreEncodedDataset, find_latents
 from sa3mlx.lora.types import adapter_kind
 from sa3mlx.models.config import ModelConfig
+from sa3mlx.runtime.layout import LORA_DIR, MODEL_CONFIG_FILE
 from sa3mlx.train import progress as P
+from sa3mlx.train.best import BestCheckpoint, BestSettings
 from sa3mlx.train.demos import DemoSettings, TrainDemos
 from sa3mlx.train.distributed import DistributedSettings, World, make_loop, run_rank, sync_start
+from sa3mlx.train.guards import empty_prompt_lines
 from sa3mlx.train.loop import LoopSettings, TrainingLoop
 from sa3mlx.train.metrics import TrainingMetrics
 from sa3mlx.train.presets import TrainConfig, resolve
 from sa3mlx.train.resume import fingerprint, fingerprint_inputs, load_resume, prepare_run, resume_files
 from sa3mlx.train.runs import RunPaths, copy_atomic
+from sa3mlx.train.validation import ValidationSettings, Validator
 
 # not TrainConfig fields
-STAGE_KEYS = ("preset", "name", "smoke", "init_from", "step_offset", "epoch_offset", "demos", "distributed")
+STAGE_KEYS = (
+    "preset",
+    "name",
+    "smoke",
+    "init_from",
+    "step_offset",
+    "epoch_offset",
+    "demos",
+    "validation",
+    "best",
+    "strict",
+    "distributed",
+)
 # deps that only the in-training demos read: declared (DVC reruns the stage) but not fingerprinted (it resumes)
 DEMO_DEPS = (
     "models/converted/${model.arc}",
@@ -54,6 +69,7 @@ DEMO_DEPS = (
     "sa3mlx/sample/samplers.py",
     "sa3mlx/sample/schedule.py",
 )
+BEST_SUFFIX = "-best"  # models/lora/<name>-best.safetensors
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 SMOKE_STEPS = (3, 3)  # steps before the save, steps after the resume
 
@@ -72,6 +88,9 @@ class TrainJob:
     dvc_file: str = "dvc.yaml"
     arc: str | None = None  # model.arc: the ARC model of the in-training demos
     demos: DemoSettings = DemoSettings()
+    validation: ValidationSettings = ValidationSettings()
+    best: BestSettings = BestSettings()
+    strict: bool = False  # fail on a prompt census over the limit instead of warning
     distributed: DistributedSettings = DistributedSettings()  # not fingerprinted: another world size resumes
 
     @classmethod
@@ -91,6 +110,9 @@ class TrainJob:
             root=Path(root),
             arc=arc,
             demos=DemoSettings.from_params(stage.get("demos")),
+            validation=ValidationSettings.from_params(stage.get("validation")),
+            best=BestSettings.from_params(stage.get("best")),
+            strict=bool(stage.get("strict", False)),
             distributed=DistributedSettings.from_params(stage.get("distributed")),
         )
         if not NAME_RE.fullmatch(job.name):
@@ -122,6 +144,10 @@ class TrainJob:
     @property
     def final_adapter(self) -> Path:
         return self.root / "models" / "lora" / f"{self.name}.safetensors"
+
+    @property
+    def best_adapter(self) -> Path:
+        return self.root / LORA_DIR / f"{self.name}{BEST_SUFFIX}.safetensors"
 
     @property
     def metrics_dir(self) -> Path:
@@ -171,6 +197,7 @@ class TrainJob:
             "init_from": self.init_from,
             "step_offset": self.step_offset,
             "epoch_offset": self.epoch_offset,
+            "validation_holdout": self.validation.fraction if self.validation.holds_out else None,
         }
         declared = self.declared()
         inputs = {"data/latents": self.latents, f"models/converted/{self.base}": self.model_dir}
@@ -189,61 +216,88 @@ class TrainJob:
     # ---- building -------------------------------------------------------------------------------
 
     def build(self, cfg: TrainConfig | None = None):
-        """(session, loader) for `cfg` (default: the job's)."""
+        """(session, loader) for `cfg` (default: the job's); the held-out validation files are not in it."""
         from sa3mlx.train.session import TrainingSession
 
         cfg = cfg or self.cfg
         session = TrainingSession.build(
             self.model_dir, cfg, seed=cfg.seed, svd_dir=self.svd_dir if self.uses_svd() else None
         )
-        variant = ModelConfig.load(self.model_dir / "model_config.json").variant
-        dataset = PreEncodedDataset(self.latents, cfg.crop_length(variant), cfg.random_crop, cfg.prompts)
+        train_files, _ = self.validation.split(find_latents(self.latents), cfg.seed)
+        dataset = self._dataset(self.latents, cfg, cfg.random_crop, train_files)
         sampler = EpochSampler(len(dataset), cfg.batch_size, cfg.seed, drop_last=cfg.drop_last)
         return session, BatchLoader(dataset, sampler)
+
+    def validation_dataset(self, cfg: TrainConfig | None = None) -> PreEncodedDataset | None:
+        """The validation items (first crops): a folder of its own, or the files held out of data/latents."""
+        cfg = cfg or self.cfg
+        if not self.validation.on:
+            return None
+        if self.validation.folder is not None:
+            return self._dataset(self.root / self.validation.folder, cfg, False, None)
+        _, held_out = self.validation.split(find_latents(self.latents), cfg.seed)
+        return self._dataset(self.latents, cfg, False, held_out)
+
+    def _dataset(self, folder: Path, cfg: TrainConfig, random_crop: bool, files) -> PreEncodedDataset:
+        crop = cfg.crop_length(self.model_config().variant)
+        return PreEncodedDataset(folder, crop, random_crop, cfg.prompts, files=files)
+
+    def callbacks(self, session, loader: BatchLoader, run: RunPaths, metrics: TrainingMetrics, console: P.Console):
+        """Metrics, validation, the best checkpoint and the demos of a stage run, in that order."""
+        console.say(empty_prompt_lines(loader.dataset, self.strict))
+        validator = None
+        if self.validation.on:
+            validator = Validator(
+                self.validation, session, self.validation_dataset(), self.cfg.seed, metrics, console.say
+            )
+        best = BestCheckpoint(self.best_adapter, self.best, session, validator is not None, say=console.say)
+        if validator is not None:
+            validator.listeners.append(best.on_validation)
+        return [c for c in (metrics, validator, best) if c is not None] + self.demo_callbacks(session, run, console)
 
     # ---- the stage run --------------------------------------------------------------------------
 
     def run(self, out: IO | None = None) -> int:
-        out = out or sys.stdout
+        console = P.Console(out)
         if self.smoke_mode:
-            return self.smoke(out)
+            return self.smoke(console.out)
         world = World.current(self.distributed)  # one process unless started by mlx.launch
-        return run_rank(self, world, out) if world.size > 1 else self.train(out, world)
+        return run_rank(self, world, console) if world.size > 1 else self.train(console, world)
 
-    def train(self, out: IO, world: World) -> int:
+    def train(self, console: P.Console, world: World) -> int:
         """The run on rank 0 (the one that writes the outputs) or alone."""
         payload = self.fingerprint_payload()
         key = fingerprint(payload)
         run = self.run_paths()
         choice, lines = prepare_run(run.root, key, payload)
         run.ensure_root()
-        P.emit([f"train: {self.describe()}", *lines], out)
+        console.say([f"train: {self.describe()}", *lines])
         session, loader = self.build()
         settings = LoopSettings.from_config(self.cfg, fingerprint=key, fingerprint_inputs=payload)
         metrics = TrainingMetrics(self.metrics_dir, choice.state.step if choice.state else None)
-        demos = self.demo_hook(session, run, fresh=choice.state is None, out=out)
-        loop = make_loop(world, session, loader, run, settings, metrics=metrics, out=out, on_step=demos)
+        callbacks = self.callbacks(session, loader, run, metrics, console)
+        loop = make_loop(world, session, loader, run, settings, callbacks=callbacks, console=console)
         if choice.state is not None:
             loop.restore(choice.state, choice.checkpoint)
         elif self.init_from:
             loop.start_from_adapter(self.root / self.init_from, self.step_offset, self.epoch_offset)
         saved_world = choice.state.loop.get("world_size", 1) if choice.state is not None else None
-        sync_start(world, loop, saved_world, say=lambda line: P.emit(line, out))
+        sync_start(world, loop, saved_world, say=console.say)
         result = loop.run()
         if result.status == "done" and result.checkpoint is not None:
             copy_atomic(result.checkpoint, self.final_adapter)
-            P.emit(f"train: final adapter {self.final_adapter} (= {result.checkpoint.name})", out)
+            console.say(f"train: final adapter {self.final_adapter} (= {result.checkpoint.name})")
         elif result.status == "done":
-            P.emit("train: nothing was trained and the run has no checkpoint", out)
+            console.say("train: nothing was trained and the run has no checkpoint")
             return 1
         return result.exit_code
 
-    def demo_hook(self, session, run: RunPaths, fresh: bool, out: IO) -> TrainDemos | None:
-        """The loop's demo hook (None when `train.demos.every` is 0 or there are no entries)."""
+    def demo_callbacks(self, session, run: RunPaths, console: P.Console) -> list[TrainDemos]:
+        """The in-training demos (none when `train.demos.every` is 0 or there are no entries)."""
         if not self.demos.on:
-            return None
-        P.emit(f"train: demos every {self.demos.every} steps ({len(self.demos.entries)} entries) -> {run.demos}", out)
-        return TrainDemos(
+            return []
+        console.say(f"train: demos every {self.demos.every} steps ({len(self.demos.entries)} entries) -> {run.demos}")
+        demos = TrainDemos(
             self.demos,
             session,
             run.demos,
@@ -251,15 +305,20 @@ class TrainJob:
             self.arc_dir,
             svd_dir=self.svd_dir if self.uses_svd() else None,
             label=run.label,
-            fresh=fresh,
-            say=lambda line: P.emit(line, out),
+            say=console.say,
         )
+        return [demos]
+
+    def model_config(self) -> ModelConfig:
+        return ModelConfig.load(self.model_dir / MODEL_CONFIG_FILE)
 
     def describe(self) -> str:
-        cfg = self.cfg
+        cfg = self.cfg.for_model(self.model_config())
+        masking = "train.mask_padding_attention" if self.cfg.mask_padding_attention is not None else "model config"
         return (
             f"preset {self.preset or 'underfit-dashboard'}, {cfg.adapter.adapter_type} r{cfg.adapter.rank}, "
             f"lr {cfg.lr:g} ({cfg.lr_schedule}), batch {cfg.batch_size}, crop {cfg.latent_crop_length}, "
+            f"mask_padding_attention {str(cfg.mask_padding_attention).lower()} ({masking}), "
             f"to step {cfg.max_steps} on {self.base}; run {self.run_paths('x').root}"
         )
 
@@ -269,37 +328,37 @@ class TrainJob:
         """A few steps, save, a fresh session resumed from the save for a few more: the resumed
         adapter and state must equal an uninterrupted run's, byte for byte. Writes the adapter
         as the stage output; never touches runs/<name>/."""
-        out = out or sys.stdout
+        console = P.Console(out)
         before, after = SMOKE_STEPS
         cfg = replace(self.cfg, max_steps=before, checkpoint_every=before, keep_last=None)
-        P.emit(f"smoke: {before} steps, save, resume in a fresh session, {after} more ({self.describe()})", out)
+        console.say(f"smoke: {before} steps, save, resume in a fresh session, {after} more ({self.describe()})")
         with tempfile.TemporaryDirectory(prefix="sa3mlx-smoke-") as tmp:
-            straight = self._smoke_loop(cfg, Path(tmp) / "a", out)
+            straight = self._smoke_loop(cfg, Path(tmp) / "a", console)
             straight.run()
             saved = straight.last_checkpoint
-            straight.settings.max_steps = before + after
+            straight.settings = replace(straight.settings, max_steps=before + after)  # a second run, longer
             straight.run()
-            resumed = self._smoke_loop(replace(cfg, max_steps=before + after), Path(tmp) / "b", out)
+            resumed = self._smoke_loop(replace(cfg, max_steps=before + after), Path(tmp) / "b", console)
             resumed.restore(load_resume(resume_files(saved)[1]), saved)
             resumed.run()
             problems = _compare_runs(straight.last_checkpoint, resumed.last_checkpoint)
             if not problems:
                 copy_atomic(resumed.last_checkpoint, self.final_adapter)
+                copy_atomic(resumed.last_checkpoint, self.best_adapter)  # declared output; no selection here
         self.run_paths("x").ensure_root()  # the stage's persist output exists, untouched
         if problems:
-            P.emit(["smoke: FAILED: the resumed run differs from the uninterrupted one:", *problems], out)
+            console.say(["smoke: FAILED: the resumed run differs from the uninterrupted one:", *problems])
             return 1
-        P.emit(
+        console.say(
             f"smoke: OK: resumed at step {before}, {after} more steps; adapter and optimizer state "
-            f"byte-identical to an uninterrupted run ({self.final_adapter})",
-            out,
+            f"byte-identical to an uninterrupted run ({self.final_adapter})"
         )
         return 0
 
-    def _smoke_loop(self, cfg: TrainConfig, save_dir: Path, out: IO) -> TrainingLoop:
+    def _smoke_loop(self, cfg: TrainConfig, save_dir: Path, console: P.Console) -> TrainingLoop:
         session, loader = self.build(cfg)
         run = RunPaths.create(save_dir, self.name, "00000000")
-        return TrainingLoop(session, loader, run, LoopSettings.from_config(cfg), out=out)
+        return TrainingLoop(session, loader, run, LoopSettings.from_config(cfg), console=console)
 
 
 def _compare_runs(a: Path, b: Path) -> list[str]:

@@ -68,12 +68,12 @@ class TrainingSession:
         compile: bool = True,
     ):
         self.dit, self.cond, self.prompts, self.adapters = dit, cond, prompts, adapters
+        cfg = cfg.for_model(model_config)
         self.cfg, self.model_config = cfg, model_config
         self.lora_config: LoRAConfig = cfg.adapter
         self.objective = ObjectiveConfig.from_train_config(cfg)
         self.shift = make_shift(model_config.distribution_shift)
-        effective = cfg.use_effective_length_for_schedule
-        self.use_effective_length = model_config.use_effective_length if effective is None else effective
+        self.use_effective_length = cfg.use_effective_length_for_schedule
         self.optimizer = make_adamw(AdamWConfig(cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay))
         options = dict(cfg.lr_schedule_options)
         if cfg.lr_schedule == "wsd":
