@@ -143,7 +143,7 @@ def test_two_hosts_encode_their_shares_a_third_clone_runs_nothing(tmp_path):
         run(["dvc", "push"], host)
     a = hosts["a"]
     run(["git", "pull", "-q", "--no-rebase", "--no-edit"], a)
-    run(["dvc", "pull", "shares"], a)
+    run(["dvc", "pull", "-R", "shares"], a)
     run(["bash", "-c", "cp -rn shares/*/encode_cache/. data/encode_cache/"], a)
     assembled = run(["dvc", "repro", "encode"], a)
     assert re.search(r"Done in .+?: 0 encoded, [1-9]\d* skipped, 0 errors", assembled)
