@@ -1,19 +1,21 @@
 """Data-parallel throughput model: per-step compute vs the all-reduce of the adapter gradients,
 measured on 2 local ranks (ring back-end over loopback), projected to 2/4/8 ranks at 1/10/40 Gbit/s.
 
-    python bench/dp.py [--depth 2] [--crop 256] [--rank 16] [--repeats 3] [--latency-us 50]
+    python bench/dp.py [--depth 2] [--crop 256] [--rank 16] [--repeats 3] [--latency-us 50] [--step-s S]
 
 Each rank times one compiled training step of its share (batch 1, `crop` latents) of the
 small-music DiT (random weights, dora-rows adapters, `--depth` blocks: the step time is scaled to
-the full 20 blocks), then the all-reduce (`nn.average_gradients`, what training does) of a
-gradient list the size of the full model's adapters (small-music dora-rows r16: 9.2 M parameters,
-37 MB fp32). Two ranks on a 2-core machine cannot show a speed-up, so the scaling is projected with
-the ring all-reduce cost model (each rank sends and receives 2(p-1)/p of the buffer in 2(p-1) hops):
+the full 20 blocks), then the all-reduce (`World.average`, what training runs: one all_sum of the
+loss and all gradients) of gradients the size of the full model's adapters (small-music dora-rows
+r16: 9.2 M parameters, 37 MB fp32). Two ranks on a 2-core machine cannot show a speed-up, so the
+scaling is projected with the ring all-reduce cost model (each rank sends and receives 2(p-1)/p
+of the buffer in 2(p-1) hops):
 
     T_ar(p) = 2 (p-1) * alpha + 2 (p-1)/p * bytes / bandwidth
     efficiency(p) = T_step / (T_step + T_ar(p))       (no overlap: the average follows accumulation)
 
-with T_step the full-depth per-rank step (the share stays the same: the global batch grows with p).
+with T_step the full-depth per-rank step (the share stays the same: the global batch grows with p),
+or `--step-s` for a faster machine than this one.
 Last line: RESULT {json}.
 """
 
@@ -26,15 +28,12 @@ import statistics
 import sys
 import time
 
-import mlx.core as mx  # noqa: E402  (after sa3mlx, which binds the BLAS)
-import mlx.nn as nn  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
 
-import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
-from sa3mlx.train.distributed import DistributedSettings, World, launched, relaunch  # noqa: E402
+import sa3mlx  # noqa: F401  (BLAS set-up before mlx: mlx is imported only below and in the functions)
+from sa3mlx.train.distributed import DistributedSettings, World, launched, relaunch
 
 FULL_DEPTH = 20
-FULL_ADAPTER_PARAMS = 9_200_000  # small-music dora-rows r16 (issue 15), checked against the model below
 RANKS = (2, 4, 8)
 LINKS_GBIT = (1, 10, 40)
 
@@ -54,6 +53,7 @@ def projection(step_s: float, nbytes: float, latency_s: float) -> dict:
 
 def step_seconds(world: World, depth: int, crop: int, rank: int, repeats: int) -> tuple[list[float], int, int]:
     """(per-repeat seconds of this rank's compiled step, adapter params at `depth`, at full depth)."""
+    import mlx.core as mx
     from dit import SIZES  # bench/dit.py and bench/train.py: the small-music set-up
     from train import PRESET, random_batch
 
@@ -66,7 +66,7 @@ def step_seconds(world: World, depth: int, crop: int, rank: int, repeats: int) -
     from sa3mlx.train.step import StepCore
 
     cfg = dataclasses.replace(SIZES["small"], depth=depth)
-    train = resolve(PRESET, {"adapter": {"rank": rank}})
+    train = resolve(PRESET, {"adapter": {"rank": rank}, "mask_padding_attention": True})  # as bench/train.py
     mx.random.seed(0)
     dit, cond = DiT(cfg), Conditioner(cfg.cond_token_dim)
     layers = inject_adapters(dit, cond, train.adapter, key=mx.random.key(0), materialize=False, announce=False)
@@ -90,15 +90,20 @@ def step_seconds(world: World, depth: int, crop: int, rank: int, repeats: int) -
 
 
 def allreduce_seconds(world: World, params: int, repeats: int) -> list[float]:
-    """Seconds of `nn.average_gradients` over a list of 64 fp32 arrays holding `params` values."""
+    """Seconds of `World.average` (what the training step runs: the loss and every gradient in
+    one all_sum) over 64 fp32 gradient arrays holding `params` values."""
+    import mlx.core as mx
+
     chunk = params // 64
-    grads = [mx.random.normal((chunk,)) for _ in range(63)] + [mx.random.normal((params - 63 * chunk,))]
+    sizes = [chunk] * 63 + [params - 63 * chunk]
+    grads = {f"g{i}": mx.random.normal((n,)) for i, n in enumerate(sizes)}
+    loss = mx.array(1.0)
     mx.eval(grads)
     times = []
     for _ in range(repeats + 1):
         world.sum([0.0])
         start = time.perf_counter()
-        mx.eval(nn.average_gradients(grads, world.group))
+        mx.eval(world.average(loss, grads))
         times.append(time.perf_counter() - start)
     return times[1:]  # the first call sets up the buffers
 
@@ -109,13 +114,13 @@ def spread(values: list[float]) -> dict:
 
 def rank_main(args) -> int:
     world = World.current(DistributedSettings(ranks=2, timeout=900))
-    mx.set_default_device(mx.cpu)
     times, params_here, params_full = step_seconds(world, args.depth, args.crop, args.rank, args.repeats)
     ar = allreduce_seconds(world, params_full, args.repeats)
     steps = world.sum([statistics.median(times)]) / world.size
     if not world.writer:
         return 0
     step_full = float(steps[0]) * FULL_DEPTH / args.depth
+    projected_step = args.step_s or step_full
     nbytes = params_full * 4
     ar_median = statistics.median(ar)
     local_gbit = 2 * (world.size - 1) / world.size * nbytes * 8 / ar_median / 1e9
@@ -131,7 +136,8 @@ def rank_main(args) -> int:
         "allreduce_s": spread(ar),
         "loopback_effective_gbit_s": local_gbit,
         "latency_us": args.latency_us,
-        "projection": projection(step_full, nbytes, args.latency_us * 1e-6),
+        "projected_step_s": projected_step,
+        "projection": projection(projected_step, nbytes, args.latency_us * 1e-6),
     }
     print(
         f"rank step (batch 1, crop {args.crop}, depth {args.depth}): median {statistics.median(times):.3f} s "
@@ -143,7 +149,9 @@ def rank_main(args) -> int:
         f"ranks: median {ar_median * 1e3:.1f} ms (min {min(ar) * 1e3:.1f}, max {max(ar) * 1e3:.1f}) = "
         f"{local_gbit:.1f} Gbit/s effective"
     )
-    print(f"projected efficiency, ring model, latency {args.latency_us:g} us per hop:")
+    source = "--step-s" if args.step_s else "the measured step, scaled"
+    hop = f"{args.latency_us:g} us per hop"
+    print(f"projected efficiency, ring model, T_step {projected_step:.2f} s ({source}), {hop}:")
     print("  ranks  " + "".join(f"{link:>8} Gbit/s" for link in LINKS_GBIT))
     for ranks in RANKS:
         cells = "".join(f"{result['projection'][f'{ranks}x{link}G']['efficiency']:>15.1%}" for link in LINKS_GBIT)
@@ -159,6 +167,7 @@ def main() -> int:
     parser.add_argument("--rank", type=int, default=16, help="adapter rank")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--latency-us", type=float, default=50.0, help="per-hop latency of the projected links")
+    parser.add_argument("--step-s", type=float, help="project with this per-rank step time (e.g. a Mac's or a GPU's)")
     args = parser.parse_args()
     if launched():
         return rank_main(args)
