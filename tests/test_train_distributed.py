@@ -135,6 +135,27 @@ def test_kill_9_of_a_rank_stops_the_run_and_a_rerun_resumes_bit_exactly(project)
     assert resume_files(a)[0].read_bytes() == resume_files(b)[0].read_bytes()  # optimizer moments too
 
 
+def test_ctrl_c_stops_every_rank_after_the_same_step_with_a_checkpoint(project):
+    root = project[0]
+    p = launch(
+        root,
+        dp_params("interrupted", max_steps=500),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    runs, deadline = root / "runs" / "interrupted", time.monotonic() + 240
+    while not (runs.exists() and list_checkpoints(runs)):
+        assert time.monotonic() < deadline and p.poll() is None
+        time.sleep(0.2)
+    os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: every process of the group
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGINT, err
+    [stopped] = re.findall(r"Stopped at step (\d+); a resume continues from (\S+)", out)
+    assert stopped[1] == f"interrupted-step={stopped[0]}-epoch={(int(stopped[0]) - 1) // 3}.safetensors"
+    assert stopped[1] in [c.name for c in list_checkpoints(runs)]
+
+
 def test_another_world_size_resumes_and_says_it_is_not_bit_exact(project):
     root = project[0]
     single(root, "one")  # the 1-rank run to STEPS (resumes when the first test made it)

@@ -454,7 +454,10 @@ def run_follower(job, world: World) -> int:
         run = RunPaths.create(scratch, job.name, "00000000")
         loop = make_loop(world, session, loader, run, LoopSettings.from_config(job.cfg), console=P.Console(out))
         sync_start(world, loop)
-        return loop.run().exit_code
+        loop.run()
+    # rank 0 reports the run's status (interrupted 130, non-finite 3): a follower exiting non-zero
+    # first would make mlx.launch terminate rank 0 while it still saves
+    return 0
 
 
 def run_rank(job, world: World, console) -> int:
