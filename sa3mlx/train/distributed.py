@@ -27,12 +27,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import hashlib
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -109,8 +111,6 @@ def launched() -> bool:
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -278,17 +278,13 @@ class Watchdog:
         with self._lock:
             self._deadline = None
 
+    @contextlib.contextmanager
     def guard(self, what: str):
-        watchdog = self
-
-        class _Guard:
-            def __enter__(self):
-                watchdog.arm(what)
-
-            def __exit__(self, *exc):
-                watchdog.disarm()
-
-        return _Guard()
+        self.arm(what)
+        try:
+            yield
+        finally:
+            self.disarm()
 
     def _watch(self) -> None:
         while True:
