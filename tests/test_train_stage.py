@@ -3,11 +3,13 @@ the fingerprint rule through TrainJob, declared params, and `dvc repro train` in
 git+dvc copy of the project."""
 
 import io
+import json
+import subprocess
 
 import numpy as np
 import pytest
 import yaml
-from dvc_project import make_project, run
+from dvc_project import commit_all, make_project, run, tool_env
 from test_train_loop import parse_console
 from test_train_loop_fake import TINY_PARAMS, make_tiny_project, reproducible_prompt_encoding
 
@@ -109,7 +111,10 @@ def test_dvc_repro_train_on_the_embedded_default(tmp_path):
     final = project / "models" / "lora" / f"{params['name']}.safetensors"
     report = validate(final)
     assert report["ok"] and report["config"]["step"] == params["max_steps"]
-    assert (project / "dvclive" / "train" / "metrics.json").is_file()
+    summary = json.loads((project / "dvclive" / "train" / "metrics.json").read_text())
+    assert "loss" in summary["val"] and "loss" in summary["train"]  # what `dvc exp show` lists
+    best = project / "models" / "lora" / f"{params['name']}-best.safetensors"
+    assert validate(best)["ok"] and 0 < validate(best)["config"]["step"] <= params["max_steps"]
     assert "didn't change" in run(["dvc", "repro", "train"], project)
     text = (project / "params.yaml").read_text()
     (project / "params.yaml").write_text(
@@ -118,6 +123,15 @@ def test_dvc_repro_train_on_the_embedded_default(tmp_path):
     again = run(["dvc", "repro", "train"], project)
     assert f"resume: continuing from {params['name']}-step={params['max_steps']}-" in again
     assert validate(final)["config"]["step"] == params["max_steps"] + 4
+    assert best.is_file()  # kept across the resume (persist)
+    commit_all(project)
+    shown = run(["dvc", "exp", "show", "--no-pager", "--csv"], project)
+    assert "val.loss" in shown.splitlines()[0].split(",")  # the val/loss column
+    shown = subprocess.run(
+        ["dvc", "plots", "show", "--json", "loss"], cwd=project, env=tool_env(), capture_output=True, text=True
+    )
+    points = json.loads(shown.stdout)["data"]["loss"][0]["content"]["data"]["values"]
+    assert {p["filename"] for p in points} == {"train/loss.tsv", "val/loss.tsv"}  # the dvc.yaml `loss` plot
 
 
 @pytest.mark.parametrize("override", [None, False])
@@ -148,3 +162,34 @@ def test_padded_batch_takes_the_masked_path_the_model_config_asks_for(tiny_proje
         assert seen == [batch.padding_mask.shape] * len(seen)
     else:
         assert seen == [None] * len(seen)
+
+
+def test_config_train_prints_what_the_run_uses(tmp_path, capsys):
+    import json
+    import shutil
+
+    from conftest import ROOT
+
+    from sa3mlx.cli import main
+
+    for name in ("params.yaml", "dvc.yaml"):
+        shutil.copyfile(ROOT / name, tmp_path / name)
+    (tmp_path / "models").mkdir()
+    shutil.copytree(ROOT / "models" / "tiny-base", tmp_path / "models" / "tiny-base")
+    assert main(["config", "train", "--root", str(tmp_path)]) == 0
+    resolved = json.loads(capsys.readouterr().out)
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())["train"]
+    assert resolved["preset"] == params["preset"] and resolved["train"]["lr"] == params["lr"]
+    assert resolved["train"]["mask_padding_attention"] is True  # tiny-base's config says so
+    assert resolved["from_model_config"] == ["mask_padding_attention", "use_effective_length_for_schedule"]
+    assert resolved["model"]["config"] == str(tmp_path / "models" / "tiny-base" / "model_config.json")
+    assert resolved["validation"]["every"] == params["validation"]["every"]
+    assert resolved["outputs"]["best"] == str(tmp_path / "models" / "lora" / f"{params['name']}-best.safetensors")
+    text = (
+        (tmp_path / "params.yaml").read_text().replace("mask_padding_attention: null", "mask_padding_attention: false")
+    )
+    (tmp_path / "params.yaml").write_text(text)
+    assert main(["config", "train", "--root", str(tmp_path)]) == 0
+    resolved = json.loads(capsys.readouterr().out)
+    assert resolved["train"]["mask_padding_attention"] is False
+    assert resolved["from_model_config"] == ["use_effective_length_for_schedule"]

@@ -8,6 +8,7 @@ import json
 import math
 
 import pytest
+from test_train_loop import parse_console
 from test_train_loop_fake import TINY_PARAMS, make_tiny_project, reproducible_prompt_encoding
 
 from sa3mlx.data.dataset import find_latents
@@ -65,10 +66,13 @@ def test_validation_values_are_reproducible_and_best_follows_them(project):
         assert [s for s, _ in read_history(first.metrics_dir, per_t_metric(t))] == [0, 2, 4, 6]
     lines = [line for line in text.splitlines() if line.startswith("validation at step")]
     assert len(lines) == 4
+    plain, steps = parse_console(text)  # the dashboard still reads every bar line
+    assert sorted(steps) == list(range(1, 7)) and lines == [p for p in plain if p.startswith("validation at")]
     again = io.StringIO()
     third = _job(project, name="val-c", validation=VALIDATION)
     assert third.run(again) == 0
     assert [line for line in again.getvalue().splitlines() if line.startswith("validation at step")] == lines
+    assert read_history(third.metrics_dir, "val/loss") == history  # the same values, to the last digit
     values = {s: v for s, v in history}
     per_t = [dict(read_history(first.metrics_dir, per_t_metric(t))) for t in (0.25, 0.75)]
     assert all(math.isclose(values[s], (per_t[0][s] + per_t[1][s]) / 2, rel_tol=1e-6) for s in values)

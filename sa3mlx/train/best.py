@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sa3mlx.lora.checkpoint import save_lora
+from sa3mlx.runtime.io import copy_atomic
 from sa3mlx.train.contract import StepReport, TrainingCallback
 from sa3mlx.train.progress import emit
-from sa3mlx.train.runs import copy_atomic
 
 KEYS = ("smoothing", "warmup")
 

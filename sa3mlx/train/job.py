@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import IO
 
@@ -26,7 +26,19 @@ import yaml
 from sa3mlx.data.dataset import BatchLoader, EpochSampler, PreEncodedDataset, find_latents
 from sa3mlx.lora.types import adapter_kind
 from sa3mlx.models.config import ModelConfig
-from sa3mlx.runtime.layout import LORA_DIR, MODEL_CONFIG_FILE
+from sa3mlx.runtime.io import copy_atomic
+from sa3mlx.runtime.layout import (
+    DVCLIVE_TRAIN_DIR,
+    LATENTS_DIR,
+    LORA_DIR,
+    MODEL_CONFIG_FILE,
+    RUNS_DIR,
+    converted_dir,
+    source_model_dir,
+)
+from sa3mlx.runtime.layout import (
+    svd_dir as svd_folder,
+)
 from sa3mlx.train import progress as P
 from sa3mlx.train.best import BestCheckpoint, BestSettings
 from sa3mlx.train.demos import DemoSettings, TrainDemos
@@ -34,9 +46,9 @@ from sa3mlx.train.distributed import DistributedSettings, World, make_loop, run_
 from sa3mlx.train.guards import empty_prompt_lines
 from sa3mlx.train.loop import LoopSettings, TrainingLoop
 from sa3mlx.train.metrics import TrainingMetrics
-from sa3mlx.train.presets import TrainConfig, resolve
+from sa3mlx.train.presets import DEFAULT_PRESET, TrainConfig, resolve
 from sa3mlx.train.resume import fingerprint, fingerprint_inputs, load_resume, prepare_run, resume_files
-from sa3mlx.train.runs import RunPaths, copy_atomic
+from sa3mlx.train.runs import RunPaths
 from sa3mlx.train.validation import ValidationSettings, Validator
 
 # not TrainConfig fields
@@ -127,23 +139,23 @@ class TrainJob:
 
     @property
     def model_dir(self) -> Path:
-        return self.root / "models" / "converted" / self.base
+        return self.root / converted_dir(self.base)
 
     @property
     def svd_dir(self) -> Path:
-        return self.root / "models" / "svd" / self.base
+        return self.root / svd_folder(self.base)
 
     @property
     def arc_dir(self) -> Path | None:
-        return self.root / "models" / "converted" / self.arc if self.arc else None
+        return self.root / converted_dir(self.arc) if self.arc else None
 
     @property
     def latents(self) -> Path:
-        return self.root / "data" / "latents"
+        return self.root / LATENTS_DIR
 
     @property
     def final_adapter(self) -> Path:
-        return self.root / "models" / "lora" / f"{self.name}.safetensors"
+        return self.root / LORA_DIR / f"{self.name}.safetensors"
 
     @property
     def best_adapter(self) -> Path:
@@ -151,10 +163,10 @@ class TrainJob:
 
     @property
     def metrics_dir(self) -> Path:
-        return self.root / "dvclive" / "train"
+        return self.root / DVCLIVE_TRAIN_DIR
 
     def run_paths(self, session: str | None = None) -> RunPaths:
-        return RunPaths.create(self.root / "runs", self.name, session)
+        return RunPaths.create(self.root / RUNS_DIR, self.name, session)
 
     # ---- declared params and inputs (dvc.yaml) --------------------------------------------------
 
@@ -200,9 +212,9 @@ class TrainJob:
             "validation_holdout": self.validation.fraction if self.validation.holds_out else None,
         }
         declared = self.declared()
-        inputs = {"data/latents": self.latents, f"models/converted/{self.base}": self.model_dir}
+        inputs = {LATENTS_DIR: self.latents, converted_dir(self.base).as_posix(): self.model_dir}
         if self.uses_svd():
-            inputs[f"models/svd/{self.base}"] = self.svd_dir
+            inputs[svd_folder(self.base).as_posix()] = self.svd_dir
         if declared is not None:
             demo_only = {self._fill(dep) for dep in DEMO_DEPS}
             inputs.update({dep: self.root / dep for dep in declared["deps"] if dep not in demo_only})
@@ -311,6 +323,46 @@ class TrainJob:
 
     def model_config(self) -> ModelConfig:
         return ModelConfig.load(self.model_dir / MODEL_CONFIG_FILE)
+
+    def model_config_path(self) -> Path:
+        """The converted model's config, or before `convert` has run, the source snapshot's."""
+        converted = self.model_dir / MODEL_CONFIG_FILE
+        return converted if converted.is_file() else self.root / source_model_dir(self.base) / MODEL_CONFIG_FILE
+
+    def resolved_config(self) -> dict:
+        """What a run of this job really uses (`sa3mlx config train`): the preset with the params
+        applied and the values left to the model filled in from its config, as plain JSON values."""
+        path = self.model_config_path()
+        model = ModelConfig.load(path)
+        train = self.cfg.for_model(model)
+        from_model = [
+            f.name
+            for f in fields(TrainConfig)
+            if getattr(self.cfg, f.name) is None and getattr(train, f.name) is not None
+        ]
+        return {
+            "preset": self.preset or DEFAULT_PRESET,
+            "name": self.name,
+            "model": {"base": self.base, "arc": self.arc, "config": str(path), "variant": model.variant},
+            "train": train.as_dict(),
+            "from_model_config": sorted(from_model),
+            "stage": {
+                "smoke": self.smoke_mode,
+                "init_from": self.init_from,
+                "step_offset": self.step_offset,
+                "epoch_offset": self.epoch_offset,
+                "strict": self.strict,
+            },
+            "validation": asdict(self.validation),
+            "best": asdict(self.best),
+            "demos": {"every": self.demos.every, "entries": len(self.demos.entries), "on": self.demos.on},
+            "outputs": {
+                "adapter": str(self.final_adapter),
+                "best": str(self.best_adapter),
+                "run": str(self.root / RUNS_DIR / self.name),
+                "metrics": str(self.metrics_dir),
+            },
+        }
 
     def describe(self) -> str:
         cfg = self.cfg.for_model(self.model_config())

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, fields, replace
 from sa3mlx.data.prompts import PromptTemplate
 from sa3mlx.lora.config import LoRAConfig
 from sa3mlx.models.config import ModelConfig
+from sa3mlx.runtime.io import plain
 from sa3mlx.train.optim import SCHEDULES, make_schedule
 from sa3mlx.train.timesteps import check_sampler
 
@@ -98,7 +99,7 @@ class TrainConfig:
 
     def as_dict(self) -> dict:
         """Plain JSON-able values (nested configs as dicts, tuples as lists)."""
-        return _plain(dataclasses.asdict(self))
+        return plain(dataclasses.asdict(self))
 
     def fingerprint_dict(self) -> dict:
         """What a resume must match: every field except the run length (and max_minutes unless WSD)."""

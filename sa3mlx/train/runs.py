@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sa3mlx.lora.checkpoint import checkpoint_file_name, run_label, session_dir
-from sa3mlx.runtime.io import atomic_path
 from sa3mlx.train.progress import SAVE_REQUESTED, emit
 
 SAVE_NOW_FILE = "SAVE_NOW"
@@ -113,13 +112,6 @@ def _remove_empty_session(checkpoints: Path, root: Path) -> None:
             folder.rmdir()  # only when empty
         except OSError:
             return
-
-
-def copy_atomic(src: str | Path, dst: str | Path) -> Path:
-    """Copy a file to `dst` through a temporary name (the same bytes, never a partial file)."""
-    with atomic_path(dst) as tmp:
-        shutil.copyfile(src, tmp)
-    return Path(dst)
 
 
 def clear_run(root: str | Path) -> int:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mlx.core as mx
 import numpy as np
@@ -27,6 +27,7 @@ import numpy as np
 from sa3mlx.data.dataset import LatentFile, PreEncodedDataset
 from sa3mlx.data.prompts import build_prompt
 from sa3mlx.train.contract import StepReport, TrainingCallback
+from sa3mlx.train.demos import uncached
 from sa3mlx.train.objective import ObjectiveConfig, draw_noise, random_inpaint_masks
 from sa3mlx.train.progress import emit
 from sa3mlx.train.step import batch_loss
@@ -68,6 +69,8 @@ class ValidationSettings:
             raise ValueError(f"train.validation.fraction must be in (0, 1), got {self.fraction}")
         if not self.timesteps or any(not 0.0 < t <= 1.0 for t in self.timesteps):
             raise ValueError(f"train.validation.timesteps must be values in (0, 1], got {list(self.timesteps)}")
+        if len({per_t_metric(t) for t in self.timesteps}) != len(self.timesteps):
+            raise ValueError(f"train.validation.timesteps must differ in 2 decimals: {list(self.timesteps)}")
         if self.batch_size < 1:
             raise ValueError(f"train.validation.batch_size must be >= 1, got {self.batch_size}")
 
@@ -121,9 +124,8 @@ class Validator(TrainingCallback):
         (default: the session's, without its cache); `metrics`: where to log (TrainingMetrics)."""
         self.settings, self.session, self.metrics, self.say = settings, session, metrics, say
         self.objective = _validation_objective(session.objective)
-        self.batches = _fixed_batches(dataset, settings, seed, self.objective, prompts or _uncached(session.prompts))
+        self.batches = _fixed_batches(dataset, settings, seed, self.objective, prompts or uncached(session.prompts))
         self.files = len(dataset)
-        self.history: list[tuple[int, ValidationResult]] = []  # (step, result) of this process
         self.listeners: list[Callable[[int, int, ValidationResult, object], None]] = []
 
     def evaluate(self) -> ValidationResult:
@@ -149,7 +151,6 @@ class Validator(TrainingCallback):
 
     def _validate(self, step: int, report: StepReport | None, baseline: bool = False) -> None:
         result = self.evaluate()
-        self.history.append((step, result))
         if self.metrics is not None:
             self.metrics.log(step, result.metrics())
         if not math.isfinite(result.loss):
@@ -164,15 +165,7 @@ class Validator(TrainingCallback):
 
 def _validation_objective(objective: ObjectiveConfig) -> ObjectiveConfig:
     """The training objective without CFG dropout (validation is conditional)."""
-    from dataclasses import replace
-
     return replace(objective, cfg_dropout_prob=0.0)
-
-
-def _uncached(prompts):
-    from sa3mlx.models.prompt import PromptEncoder
-
-    return PromptEncoder(prompts.encoder, prompts.tokenizer, prompts.weights_id, cache=None)
 
 
 def _fixed_batches(dataset: PreEncodedDataset, settings: ValidationSettings, seed: int, objective, prompts) -> list:
