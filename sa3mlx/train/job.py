@@ -45,6 +45,7 @@ from sa3mlx.runtime.schema import check_section, choice, flag, integer, mapping,
 from sa3mlx.train import progress as P
 from sa3mlx.train.best import BestCheckpoint, BestSettings
 from sa3mlx.train.demos import DemoSettings, TrainDemos
+from sa3mlx.train.distributed import DistributedSettings, World, make_loop, run_rank, sync_start
 from sa3mlx.train.guards import empty_prompt_lines
 from sa3mlx.train.loop import LoopSettings, TrainingLoop
 from sa3mlx.train.metrics import TrainingMetrics
@@ -65,6 +66,7 @@ STAGE_SPECS = {  # the train section's keys that are not TrainConfig fields
     "validation": mapping(optional=True),
     "best": mapping(optional=True),
     "strict": flag(),
+    "distributed": mapping(optional=True),
 }
 STAGE_KEYS = tuple(STAGE_SPECS)
 # deps that only the in-training demos read: declared (DVC reruns the stage) but not fingerprinted (it resumes)
@@ -104,6 +106,7 @@ class TrainJob:
     validation: ValidationSettings = ValidationSettings()
     best: BestSettings = BestSettings()
     strict: bool = False  # fail on a prompt census over the limit instead of warning
+    distributed: DistributedSettings = DistributedSettings()  # not fingerprinted: another world size resumes
 
     @classmethod
     def from_params(cls, params: dict, base: str, root: str | Path = ".", arc: str | None = None) -> TrainJob:
@@ -125,8 +128,10 @@ class TrainJob:
             validation=ValidationSettings.from_params(stage.get("validation")),
             best=BestSettings.from_params(stage.get("best")),
             strict=bool(stage.get("strict", False)),
+            distributed=DistributedSettings.from_params(stage.get("distributed")),
         )
         job.check_declared(params)
+        job.distributed.check_batch(cfg.batch_size, cfg.grad_accum)
         return job
 
     # ---- paths ----------------------------------------------------------------------------------
@@ -269,6 +274,11 @@ class TrainJob:
         console = P.Console(out)
         if self.smoke_mode:
             return self.smoke(console.out)
+        world = World.current(self.distributed)  # one process unless started by mlx.launch
+        return run_rank(self, world, console) if world.size > 1 else self.train(console, world)
+
+    def train(self, console: P.Console, world: World) -> int:
+        """The run on rank 0 (the one that writes the outputs) or alone."""
         session, loader = self.build()  # every input read (a damaged one refused) before the run is touched
         if self.init_from:
             read_lora(self.root / self.init_from)
@@ -282,11 +292,13 @@ class TrainJob:
         settings = LoopSettings.from_config(self.cfg, fingerprint=key, fingerprint_inputs=payload)
         metrics = TrainingMetrics(self.metrics_dir, choice.state.step if choice.state else None)
         callbacks = self.callbacks(session, loader, run, metrics, console)
-        loop = TrainingLoop(session, loader, run, settings, callbacks=callbacks, console=console)
+        loop = make_loop(world, session, loader, run, settings, callbacks=callbacks, console=console)
         if choice.state is not None:
             loop.restore(choice.state, choice.checkpoint)
         elif self.init_from:
             loop.start_from_adapter(self.root / self.init_from, self.step_offset, self.epoch_offset)
+        saved_world = choice.state.loop.get("world_size", 1) if choice.state is not None else None
+        sync_start(world, loop, saved_world, say=console.say)
         result = loop.run()
         if result.status == "done" and result.checkpoint is not None:
             copy_atomic(result.checkpoint, self.final_adapter)
