@@ -11,9 +11,10 @@ import yaml
 from dvc_project import PROJECT_FILES, make_project, run
 
 from sa3mlx.runtime.layout import DVC_FILE
+from sa3mlx.runtime.params import dvc_stages, fill_vars
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = yaml.safe_load((ROOT / DVC_FILE).read_text())["stages"]
+STAGES = dvc_stages(ROOT / DVC_FILE)
 CODE_ROOTS = ("stages/", "sa3mlx/")
 
 # Imports the stage script as a module (its main() is guarded) plus every module its main() can
@@ -39,10 +40,8 @@ PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text())
 
 def fill(path: str) -> str:
     """A dvc.yaml path with its `${section.key}` filled from params.yaml."""
-    for section, values in PARAMS.items():
-        for key, value in (values or {}).items() if isinstance(values, dict) else ():
-            path = path.replace(f"${{{section}.{key}}}", str(value))
-    return path
+    flat = {f"{s}.{k}": v for s, values in PARAMS.items() if isinstance(values, dict) for k, v in values.items()}
+    return fill_vars(path, flat)
 
 
 def code_deps(stage: str) -> list[str]:

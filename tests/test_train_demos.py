@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from conftest import ROOT
 from test_train_loop_fake import TINY_PARAMS, make_tiny_project
 
 from sa3mlx.convert.model import convert_source
 from sa3mlx.runtime.errors import ArtifactError
+from sa3mlx.runtime.params import dvc_stages
 from sa3mlx.train.demos import DemoSettings, TrainDemos
 from sa3mlx.train.job import DEMO_DEPS, TrainJob
 from sa3mlx.train.resume import fingerprint, resume_files
@@ -129,7 +129,7 @@ def _covered(path: str, deps) -> bool:
 
 
 def test_train_stage_declares_the_demo_params_and_code():
-    stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["train"]
+    stage = dvc_stages(ROOT / "dvc.yaml")["train"]
     assert {"train.demos", "model.arc"} <= set(stage["params"])
     assert set(DEMO_DEPS) <= set(stage["deps"])
     result = subprocess.run([sys.executable, "-c", IMPORTED], capture_output=True, text=True, check=True, cwd=ROOT)

@@ -37,6 +37,7 @@ from sa3mlx.models.same import load_same_encoder
 from sa3mlx.models.tokenizer import PromptTokenizer
 from sa3mlx.runtime import layout
 from sa3mlx.runtime.errors import DEBUG_ENV, USER_ERROR_STATUS, ArtifactError, UserError, guarded
+from sa3mlx.runtime.params import dvc_stages
 from sa3mlx.runtime.schema import positive
 from sa3mlx.train.resume import ResumeState, find_resume, resume_files, save_resume
 
@@ -227,7 +228,7 @@ def test_dvc_exp_run_s_with_exponent_notation_trains_with_that_number(tmp_path):
     project = tmp_path / "exp"
     project.mkdir()
     shutil.copyfile(ROOT / "params.yaml", project / "params.yaml")
-    train = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["train"]
+    train = dvc_stages(ROOT / "dvc.yaml")["train"]
     probe = (
         "from sa3mlx.runtime.params import stage_params\nfrom sa3mlx.train.job import TrainJob\n"
         "p = stage_params('train')\njob = TrainJob.from_params(p['train'], base=p['model']['base'])\n"

@@ -128,9 +128,21 @@ class StageParams(Mapping):
         return f"StageParams({self._usage.stage!r}, {self._prefix or '<root>'}: {visible})"
 
 
+def dvc_stages(dvc_file: str | Path = DVC_FILE) -> dict:
+    """The `stages:` of dvc.yaml as written (`${…}` unfilled): the one reader of that file."""
+    return (yaml.safe_load(Path(dvc_file).read_text()) or {}).get("stages") or {}
+
+
+def fill_vars(text: str, values: Mapping[str, object]) -> str:
+    """A dvc.yaml string with its `${section.key}` references filled from dotted `values`."""
+    for name, value in values.items():
+        text = text.replace("${" + name + "}", str(value))
+    return text
+
+
 def declared_params(stage: str, dvc_file: str | Path = DVC_FILE) -> list[str]:
     """The dotted params.yaml keys that `stage` declares under `params:` in dvc.yaml."""
-    stages = (yaml.safe_load(Path(dvc_file).read_text()) or {}).get("stages") or {}
+    stages = dvc_stages(dvc_file)
     if stage not in stages:
         raise KeyError(f"{dvc_file}: no stage '{stage}' (stages: {', '.join(stages)})")
     keys = []

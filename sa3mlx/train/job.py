@@ -21,8 +21,6 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import IO
 
-import yaml
-
 from sa3mlx.data.dataset import BatchLoader, EpochSampler, PreEncodedDataset, find_latents
 from sa3mlx.lora.checkpoint import read_lora
 from sa3mlx.lora.types import adapter_kind
@@ -41,6 +39,7 @@ from sa3mlx.runtime.layout import (
 from sa3mlx.runtime.layout import (
     svd_dir as svd_folder,
 )
+from sa3mlx.runtime.params import dvc_stages, fill_vars
 from sa3mlx.runtime.schema import check_section, choice, flag, integer, mapping, text
 from sa3mlx.train import progress as P
 from sa3mlx.train.best import BestCheckpoint, BestSettings
@@ -174,7 +173,7 @@ class TrainJob:
         path = self.root / self.dvc_file
         if not path.is_file():
             return None
-        stage = yaml.safe_load(path.read_text()).get("stages", {}).get("train")
+        stage = dvc_stages(path).get("train")
         if stage is None:
             return None
         return {"deps": [self._fill(d) for d in stage.get("deps", [])], "params": stage.get("params", [])}
@@ -183,7 +182,7 @@ class TrainJob:
         values = {"model.base": self.base, "train.name": self.name}
         if self.arc:
             values["model.arc"] = self.arc
-        return _fill(text, values)
+        return fill_vars(text, values)
 
     def check_declared(self, params: dict) -> None:
         """Every `train.<key>` read here must be a declared param of the stage, or DVC would not
@@ -436,9 +435,3 @@ def _compare_runs(a: Path, b: Path) -> list[str]:
     if (state_a.sampler, state_a.step) != (state_b.sampler, state_b.step):
         problems.append(f"  data position differs: {state_a.sampler} vs {state_b.sampler}")
     return problems
-
-
-def _fill(text: str, values: dict) -> str:
-    for name, value in values.items():
-        text = text.replace("${" + name + "}", str(value))
-    return text
