@@ -5,16 +5,17 @@ import sys
 import sa3mlx  # noqa: F401  (BLAS set-up first, as in every stage)
 from sa3mlx.audio.census import summary
 from sa3mlx.audio.normalize import Options, normalize_dir, stage_failure
+from sa3mlx.runtime.layout import NORMALIZED_DIR, RAW_DIR
 from sa3mlx.runtime.params import stage_params
-
-RAW, OUT = "data/raw", "data/normalized"
+from sa3mlx.runtime.previous import previous_output
 
 
 def main() -> int:
     sys.stdout.reconfigure(errors="backslashreplace")
     options = Options.from_params(stage_params("normalize")["normalize"])
-    report = normalize_dir(RAW, OUT, options)
-    print(summary(report, RAW, OUT))
+    # DVC deleted the output before running us; the version dvc.lock records is in its cache
+    report = normalize_dir(RAW_DIR, NORMALIZED_DIR, options, previous_output(NORMALIZED_DIR), print)
+    print(summary(report, RAW_DIR, NORMALIZED_DIR))
     failure = stage_failure(report, options.strict)
     if failure:
         print(f"normalize: {failure}", file=sys.stderr)

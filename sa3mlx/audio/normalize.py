@@ -3,12 +3,19 @@
 For each audio-named input, in sorted order: decode (bad input -> quarantine with a reason),
 first two channels (or a downmix), resample to 44.1 kHz with soxr, mono -> stereo, cap at
 `max_seconds` aligned down to whole latents, drop exact duplicates, write the audio and a
-`<stem>.json` of its tags. Nothing but the listed bad input stops the rest; outputs are
+`<stem>.json` of its tags, one file each or packed in tar shards (`layout`, see
+`sa3mlx/runtime/shards.py`). Nothing but the listed bad input stops the rest; outputs are
 written atomically and are byte-identical for identical inputs.
+
+An input whose bytes and audio settings match a file of the previous output (the version dvc.lock
+records, read from the DVC cache: `sa3mlx/runtime/previous.py`) is not decoded again: its audio
+member and census record are taken over (the tags are read afresh), so the outputs are
+byte-identical to a full run.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import asdict, dataclass
@@ -26,11 +33,15 @@ from sa3mlx.audio.resample import QUALITIES, resample
 from sa3mlx.audio.scan import Listing, scan
 from sa3mlx.audio.tags import find_tags
 from sa3mlx.audio.write import FORMATS, write_audio
-from sa3mlx.runtime.io import remove_stale, save_json
+from sa3mlx.runtime.io import save_json, sha256_file
 from sa3mlx.runtime.params import dataclass_from_params
+from sa3mlx.runtime.previous import PreviousOutput
+from sa3mlx.runtime.shards import LAYOUTS, TreeWriter, choose_layout
 
 LATENT_SAMPLES = 4096  # audio samples per SAME latent frame (SA3's codecs downsample by 4096)
 REPORT_NAME = "report.json"
+NORMALIZE_VERSION = 1  # in the report; a previous output of another version is not reused: bump when the audio changes
+AUDIO_SETTINGS = ("sample_rate", "max_seconds", "format", "channels", "resample_quality", "silence_dbfs")
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,7 @@ class Options:
     resample_quality: str = "VHQ"
     silence_dbfs: float = -80.0  # a peak at or below this is flagged silent (kept)
     strict: bool = False  # fail the stage if anything is quarantined
+    layout: str = "files"  # "files", "shards" or "auto" (sa3mlx/runtime/shards.py)
 
     @classmethod
     def from_params(cls, params: dict) -> Options:
@@ -58,6 +70,8 @@ class Options:
             raise ValueError(f"normalize.channels {self.channels!r}: expected one of {POLICIES}")
         if self.resample_quality not in QUALITIES:
             raise ValueError(f"normalize.resample_quality {self.resample_quality!r}: expected one of {QUALITIES}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"normalize.layout {self.layout!r}: expected one of {list(LAYOUTS)}")
         if self.max_samples < LATENT_SAMPLES:
             raise ValueError(f"normalize.max_seconds {self.max_seconds}: shorter than one latent")
 
@@ -66,24 +80,37 @@ class Options:
         return int(self.max_seconds * self.sample_rate) // LATENT_SAMPLES * LATENT_SAMPLES
 
 
-def normalize_dir(raw: str | os.PathLike, out: str | os.PathLike, options: Options = Options()) -> dict:
+def normalize_dir(
+    raw: str | os.PathLike,
+    out: str | os.PathLike,
+    options: Options = Options(),
+    previous: PreviousOutput | None = None,
+    log=None,
+) -> dict:
     """List `raw`, normalise every input into `out`, write and return the census report."""
-    return normalize_listing(scan(raw), raw, out, options)
+    return normalize_listing(scan(raw), raw, out, options, previous, log)
 
 
 def normalize_listing(
-    listing: Listing, raw: str | os.PathLike, out: str | os.PathLike, options: Options = Options()
+    listing: Listing,
+    raw: str | os.PathLike,
+    out: str | os.PathLike,
+    options: Options = Options(),
+    previous: PreviousOutput | None = None,
+    log=None,
 ) -> dict:
+    """`previous`: an earlier output to take unchanged files from; `log`: gets one line on the reuse."""
     raw, out = Path(raw), Path(out)
     _check_folders(raw, out)
     stems = output_stems(listing.inputs)
     extension = FORMATS[options.format]
+    reusable = Reusable(previous, options)
+    writer = TreeWriter(out, choose_layout(options.layout, len(listing.inputs), "normalize.layout"))
     dedup = Deduplicator()
     decoded, quarantined = [], [_bad_name_entry(name) for name in listing.bad_names]
-    written = {REPORT_NAME}
     for rel in listing.inputs:
         try:
-            audio, record, tags = _prepare(raw, rel, options)
+            record, tags, audio = reusable.take(raw, rel) or _prepare(raw, rel, options)
         except Rejected as r:
             quarantined.append({"path": rel, "reason": r.reason, "detail": r.detail})
             continue
@@ -94,20 +121,79 @@ def normalize_listing(
         if kept is not None:
             decoded.append({**record, "duplicate_of": kept})
             continue
-        name = stems[rel] + extension
-        record["output"] = name
-        clipped = write_audio(out / name, audio, options.sample_rate, options.format)
-        if clipped:
-            record["clipped_samples"] = clipped
-        save_json(out / f"{stems[rel]}.json", tags)
-        written.update({name, f"{stems[rel]}.json"})
+        record["output"] = name = stems[rel] + extension
+        _write_audio(writer, name, audio, record, options)
+        writer.add_bytes(f"{stems[rel]}.json", _json_bytes(tags))
         decoded.append(record)
-    remove_stale(out, written)
+    writer.finish({REPORT_NAME})
     report = census.build_report(
         asdict(options), len(listing.inputs), decoded, quarantined, dedup.duplicates, listing.ignored
     )
+    report["version"] = NORMALIZE_VERSION
     save_json(out / REPORT_NAME, report)
+    if log is not None:
+        log(reusable.line(len(decoded)))
     return report
+
+
+def _write_audio(writer: TreeWriter, name: str, audio, record: dict, options: Options) -> None:
+    """Write freshly computed audio (an array) or take over a previous member (a Span)."""
+    if not isinstance(audio, np.ndarray):
+        writer.add_span(name, audio)
+        return
+    clipped = write_audio(writer.staging_path(name), audio, options.sample_rate, options.format)
+    writer.add_staged(name)
+    if clipped:
+        record["clipped_samples"] = clipped
+
+
+def _json_bytes(data) -> bytes:
+    """What `save_json` writes."""
+    return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
+
+
+class Reusable:
+    """The kept files of a previous output made with the same audio settings, by input sha256."""
+
+    def __init__(self, previous: PreviousOutput | None, options: Options):
+        self.previous, self.options = previous, options
+        self.records: dict[str, dict] = {}
+        self.reused = 0
+        report = previous.read_json(REPORT_NAME) if previous is not None else None
+        if isinstance(report, dict) and self._same_settings(report):
+            for record in report.get("files", []):
+                if "input_sha256" in record and "output" in record:
+                    self.records.setdefault(record["input_sha256"], record)
+
+    def _same_settings(self, report: dict) -> bool:
+        settings = report.get("settings") or {}
+        mine = asdict(self.options)
+        return report.get("version") == NORMALIZE_VERSION and all(settings.get(k) == mine[k] for k in AUDIO_SETTINGS)
+
+    def take(self, raw: Path, rel: str):
+        """(record, tags, previous audio Span) when `rel`'s bytes were normalised before, else None."""
+        if not self.records:
+            return None
+        with open_input(raw / rel) as (f, _):
+            record = self.records.get(sha256_file(raw / rel))
+            span = self.previous.member(record["output"]) if record else None
+            if span is None:
+                return None
+            tags = find_tags(raw / rel, raw, f)
+        fresh = {k: v for k, v in record.items() if k not in ("output", "tags", "tag_warnings")}
+        fresh.update(source=rel, tags=tags.source)
+        if tags.warnings:
+            fresh["tag_warnings"] = tags.warnings
+        self.reused += 1
+        return fresh, tags.values, span
+
+    def line(self, decoded: int) -> str:
+        damaged = self.previous.damaged if self.previous is not None else []
+        note = f"; damaged in the DVC cache, recomputed: {', '.join(damaged)}" if damaged else ""
+        return (
+            f"normalize: {decoded - self.reused} decoded and resampled, {self.reused} unchanged taken from "
+            f"the previous output{note}"
+        )
 
 
 def stage_failure(report: dict, strict: bool) -> str | None:
@@ -120,7 +206,7 @@ def stage_failure(report: dict, strict: bool) -> str | None:
     return None
 
 
-def _prepare(raw: Path, rel: str, options: Options) -> tuple[np.ndarray, dict, dict]:
+def _prepare(raw: Path, rel: str, options: Options) -> tuple[dict, dict, np.ndarray]:
     path = raw / rel
     limit = options.max_samples / options.sample_rate
     with open_input(path) as (f, size):
@@ -152,10 +238,11 @@ def _prepare(raw: Path, rel: str, options: Options) -> tuple[np.ndarray, dict, d
         "silent": peak <= 10 ** (options.silence_dbfs / 20),
         "tags": tags.source,
         "sha256": pcm_hash(audio),
+        "input_sha256": sha256_file(path),
     }
     if tags.warnings:
         record["tag_warnings"] = tags.warnings
-    return audio, record, tags.values
+    return record, tags.values, audio
 
 
 def _bad_name_entry(bad: dict) -> dict:

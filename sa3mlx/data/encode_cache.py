@@ -3,23 +3,24 @@
 An entry is keyed by sha256 of (normalised audio bytes hash, codec fingerprint, encode
 params), so a renamed or re-normalised identical file hits, and any change to the codec or
 the params misses everywhere. Each entry is two files under `<root>/<key[:2]>/`: the latents
-`<key>.npy` ([latent_dim, T] float32) and `<key>.json` (mask, sample count, what was hashed).
-Both are written atomically, the npy first: the json is the commit mark, so an entry is
-either complete or absent, whatever kills the process.
+`<key>.npy` ([latent_dim, T] float32) and `<key>.json` (mask, sample count, what was hashed,
+the sha256 of the npy). Both are written atomically, the npy first: the json is the commit mark,
+so an entry is either complete or absent, whatever kills the process. An entry whose npy no
+longer matches its sha256 (a damaged disk, a hand edit) is a miss: it is encoded again.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from sa3mlx.runtime.io import atomic_path, save_json
+from sa3mlx.runtime.io import atomic_path, save_json, sha256_file
 
 TMP_SUFFIX = ".tmp"  # what `atomic_path` leaves behind only when the process is killed
 
@@ -58,14 +59,22 @@ class LatentCache:
             return None
         try:
             info = json.loads(meta.read_text())
+            if info["npy_sha256"] != sha256_file(npy):
+                return None
             return Entry(npy, list(info["latent_shape"]), list(info["padding_mask"]), int(info["audio_samples"]))
-        except (ValueError, KeyError, TypeError):  # a hand-edited or foreign file: encode again
+        except (ValueError, KeyError, TypeError):  # a hand-edited, foreign or older-format file: encode again
             return None
 
-    def put(self, key: str, latents: np.ndarray, mask: np.ndarray, audio_samples: int, about: dict) -> Entry:
+    def put(self, key: str, latents: np.ndarray, mask, audio_samples: int, about: dict) -> Entry:
+        buffer = io.BytesIO()
+        np.save(buffer, np.ascontiguousarray(latents, dtype=np.float32))
+        return self.put_npy(key, buffer.getvalue(), list(latents.shape), mask, audio_samples, about)
+
+    def put_npy(self, key: str, npy_bytes: bytes, shape: list[int], mask, audio_samples: int, about: dict) -> Entry:
+        """Store an entry whose .npy bytes are given (written as they are)."""
         npy, meta = self._paths(key)
-        with atomic_path(npy) as tmp, open(tmp, "wb") as f:
-            np.save(f, np.ascontiguousarray(latents, dtype=np.float32))
+        with atomic_path(npy) as tmp:
+            tmp.write_bytes(npy_bytes)
         padding = [int(v) for v in mask]
         save_json(
             meta,
@@ -73,19 +82,15 @@ class LatentCache:
                 **about,
                 "padding_mask": padding,
                 "audio_samples": int(audio_samples),
-                "latent_shape": list(latents.shape),
+                "latent_shape": list(shape),
+                "npy_sha256": hashlib.sha256(npy_bytes).hexdigest(),
             },
         )
-        return Entry(npy, list(latents.shape), padding, int(audio_samples))
+        return Entry(npy, list(shape), padding, int(audio_samples))
 
     def remove_leftovers(self) -> int:
         """Delete temporary files a killed run left behind; returns how many."""
         return remove_temporaries(self.root)
-
-
-def copy_atomic(src: str | os.PathLike, dst: str | os.PathLike) -> None:
-    with atomic_path(dst) as tmp:
-        shutil.copyfile(src, tmp)
 
 
 def remove_temporaries(root: str | os.PathLike) -> int:

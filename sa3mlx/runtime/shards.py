@@ -1,0 +1,272 @@
+"""The two layouts of a derived data folder (normalize's and encode's output): `files` or `shards`.
+
+`files`: one file per member (`<stem>.wav` + `<stem>.json`, `<stem>.npy` + `<stem>.json`).
+`shards`: the same members packed into `shards/NNN.tar` (SHARD_COUNT hash buckets of the member's
+path without its suffix, so an item's audio/latent and its json share a shard), uncompressed, in
+sorted order, with fixed headers (mtime 0, uid/gid 0, mode 0644: the same members give the same
+bytes), plus `index.json` (member -> shard, byte offset of its data, size; the size of every
+shard). A member is one seek away and a plain `tar -xf` of every shard gives the `files` tree.
+A stage's summary files (report.json, details.json, ...) sit beside the shards in both layouts.
+
+Writes are atomic per file (every shard is either the old or the new one, whatever kills the
+process); the index is written last and records each shard's size, so a reader notices a shard
+that does not belong to it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+
+from sa3mlx.runtime.io import atomic_path, remove_stale
+
+LAYOUTS = ("files", "shards", "auto")
+SHARDS_DIR = "shards"
+INDEX_FILE = "index.json"
+SHARD_COUNT = 256  # hash buckets per folder: at 100,000 clips about 390 clips a shard
+AUTO_SHARDS_ABOVE = 2000  # `auto`: shards above this many clips (a no-op `dvc status` of `files` passes 2 s there)
+INDEX_FORMAT = 1
+STAGING_DIR = ".staging"  # members written to disk before they are packed (shards layout), swept every run
+_TAR_FORMAT = tarfile.PAX_FORMAT  # plain ustar headers; a pax record only for long or non-ASCII names
+
+
+def choose_layout(layout: str, clips: int, param: str) -> str:
+    """`files` / `shards` as asked; `auto`: shards above AUTO_SHARDS_ABOVE clips."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"{param} {layout!r}: expected one of {list(LAYOUTS)}")
+    if layout == "auto":
+        return "shards" if clips > AUTO_SHARDS_ABOVE else "files"
+    return layout
+
+
+def shard_of(name: str) -> str:
+    """`shards/NNN.tar` of a member: a hash of its path without the suffix (stable when items come and go)."""
+    stem = str(PurePosixPath(name).with_suffix(""))
+    number = int.from_bytes(hashlib.sha1(stem.encode()).digest()[:4], "big") % SHARD_COUNT
+    return f"{SHARDS_DIR}/{number:03d}.tar"
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where a member's bytes lie: `size` bytes at `offset` of `path` (offset 0 for a plain file)."""
+
+    path: Path
+    offset: int
+    size: int
+    label: str  # how errors name it: the file, or `shard.tar:member`
+
+    def read(self) -> bytes:
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read(self.size)
+        if len(data) != self.size:
+            raise ValueError(f"{self.label}: truncated ({len(data)} of {self.size} bytes)")
+        return data
+
+    def copy_to(self, out) -> None:
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            _copy_exact(f, out, self.size, self.label)
+
+    def load_npy(self, mmap: bool = True) -> np.ndarray:
+        """The .npy member as an array, memory-mapped read-only where possible (one seek)."""
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            try:
+                version = np.lib.format.read_magic(f)
+                read_header = (
+                    np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                )
+                shape, fortran, dtype = read_header(f)
+            except ValueError as e:
+                raise ValueError(f"{self.label}: not a .npy array ({e})") from None
+            header = f.tell() - self.offset
+            count = int(np.prod(shape, dtype=np.int64))
+            if header + count * dtype.itemsize != self.size:
+                raise ValueError(f"{self.label}: {self.size} bytes do not hold a {dtype} array of shape {shape}")
+            if mmap and count and not dtype.hasobject:
+                order = "F" if fortran else "C"
+                return np.memmap(f, dtype, "r", self.offset + header, shape, order)
+            data = np.frombuffer(f.read(count * dtype.itemsize), dtype)
+        return data.reshape(shape, order="F" if fortran else "C")
+
+
+def _copy_exact(src, dst, size: int, label: str) -> None:
+    left = size
+    while left:
+        block = src.read(min(left, 1 << 20))
+        if not block:
+            raise ValueError(f"{label}: truncated ({size - left} of {size} bytes)")
+        dst.write(block)
+        left -= len(block)
+
+
+class Tree:
+    """The members of a data folder in either layout: name -> Span."""
+
+    def __init__(self, root: Path, spans: dict[str, Span], layout: str):
+        self.root, self.spans, self.layout = root, spans, layout
+
+    def names(self) -> list[str]:
+        return sorted(self.spans)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.spans
+
+    def span(self, name: str) -> Span:
+        return self.spans[name]
+
+    def read(self, name: str) -> bytes:
+        return self.spans[name].read()
+
+
+def is_sharded(root: str | os.PathLike) -> bool:
+    return (Path(root) / INDEX_FILE).is_file()
+
+
+def open_tree(root: str | os.PathLike, summaries: tuple[str, ...] = ()) -> Tree:
+    """The members under `root`: from its index (shards) or its files (`summaries`: root files that
+    are not members; hidden names skipped)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: folder not found")
+    if is_sharded(root):
+        return Tree(root, read_index(root / INDEX_FILE, lambda shard: root / shard), "shards")
+    spans = {}
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in files:
+            path = Path(folder, name)
+            rel = path.relative_to(root).as_posix()
+            if not name.startswith(".") and rel not in summaries:
+                spans[rel] = Span(path, 0, path.stat().st_size, str(path))
+    return Tree(root, spans, "files")
+
+
+def read_index(index_path: Path, locate, check_sizes: bool = True) -> dict[str, Span]:
+    """The spans of an index; `locate(shard)` -> the shard file's path."""
+    fix = f"run `dvc checkout {index_path.parent}` (or the stage again)"
+    try:
+        index = json.loads(index_path.read_text())
+        shards, members = index["shards"], index["members"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{index_path}: unreadable shard index ({e}); {fix}") from None
+    paths = {shard: Path(locate(shard)) for shard in shards}
+    if check_sizes:
+        for shard, size in shards.items():
+            actual = paths[shard].stat().st_size if paths[shard].is_file() else None
+            if actual != size:
+                raise ValueError(f"{paths[shard]}: {actual} bytes, its index says {size}; {fix}")
+    return {
+        name: Span(paths[shard], offset, size, f"{paths[shard]}:{name}")
+        for name, (shard, offset, size) in members.items()
+    }
+
+
+class TreeWriter:
+    """Writes the members of a data folder in one layout; `finish()` removes what the run did not write.
+
+    Members are added as bytes, as a file, or as a Span of another file (a shard or cache object);
+    in the files layout each is written (atomically) at once, in the shards layout they are packed
+    by `finish()`.
+    """
+
+    def __init__(self, root: str | os.PathLike, layout: str):
+        if layout not in ("files", "shards"):
+            raise ValueError(f"layout {layout!r}: expected files or shards")
+        self.root, self.layout = Path(root), layout
+        self.sources: dict[str, bytes | Span] = {}
+        self.root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.root / STAGING_DIR, ignore_errors=True)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.sources
+
+    def staging_path(self, name: str) -> Path:
+        """Where a member that must be written to a file first (audio) goes: its final place in the
+        files layout, a scratch file packed later in the shards layout."""
+        base = self.root if self.layout == "files" else self.root / STAGING_DIR
+        path = base / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def add_staged(self, name: str) -> None:
+        path = self.staging_path(name)
+        self.sources[name] = Span(path, 0, path.stat().st_size, str(path))
+
+    def add_bytes(self, name: str, data: bytes) -> None:
+        if self.layout == "files":
+            with atomic_path(self.root / name) as tmp:
+                tmp.write_bytes(data)
+        self.sources[name] = data
+
+    def add_span(self, name: str, span: Span) -> None:
+        if self.layout == "files":
+            with atomic_path(self.root / name) as tmp, open(tmp, "wb") as out:
+                span.copy_to(out)
+        self.sources[name] = span
+
+    def finish(self, summaries: set[str]) -> None:
+        """Pack the shards (shards layout), then delete every file under root that is neither a
+        member, nor one of the `summaries` the caller writes itself, nor (shards) the shards + index."""
+        if self.layout == "files":
+            remove_stale(self.root, set(self.sources) | summaries)
+            return
+        index = self._write_shards()
+        save_index(self.root / INDEX_FILE, index)
+        shutil.rmtree(self.root / STAGING_DIR, ignore_errors=True)
+        remove_stale(self.root, set(index["shards"]) | {INDEX_FILE} | summaries)
+
+    def _write_shards(self) -> dict:
+        groups: dict[str, list[str]] = {}
+        for name in sorted(self.sources):
+            groups.setdefault(shard_of(name), []).append(name)
+        index = {"format": INDEX_FORMAT, "shards": {}, "members": {}}
+        for shard, names in sorted(groups.items()):
+            with atomic_path(self.root / shard) as tmp:
+                with open(tmp, "wb") as f:
+                    index["members"].update(write_tar(f, names, self.sources, shard))
+                index["shards"][shard] = tmp.stat().st_size
+        return index
+
+
+def write_tar(f, names: list[str], sources: dict[str, bytes | Span], shard: str) -> dict[str, list]:
+    """Members `names` (in this order) as an uncompressed tar with fixed headers; {name: [shard, offset, size]}."""
+    placed = {}
+    with tarfile.open(fileobj=f, mode="w", format=_TAR_FORMAT) as tar:
+        for name in names:
+            source = sources[name]
+            info = tarfile.TarInfo(name)
+            info.size = len(source) if isinstance(source, bytes) else source.size
+            info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = 0, 0o644, 0, 0, "", ""
+            if isinstance(source, bytes):
+                tar.addfile(info, io.BytesIO(source))
+            else:
+                with open(source.path, "rb") as src:
+                    src.seek(source.offset)
+                    tar.addfile(info, src)
+            blocks = -(-info.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+            placed[name] = [shard, tar.offset - blocks, info.size]
+    return placed
+
+
+def save_index(path: Path, index: dict) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(index, sort_keys=True, separators=(",", ":")) + "\n")
+
+
+def export_tree(root: str | os.PathLike, out: str | os.PathLike, summaries: tuple[str, ...] = ()) -> int:
+    """Write every member of `root` (either layout) as a plain file under `out`; returns how many."""
+    tree, out = open_tree(root, summaries), Path(out)
+    for name in tree.names():
+        with atomic_path(out / name) as tmp, open(tmp, "wb") as f:
+            tree.span(name).copy_to(f)
+    return len(tree.spans)
