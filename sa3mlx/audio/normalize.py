@@ -130,6 +130,7 @@ def normalize_listing(
         asdict(options), len(listing.inputs), decoded, quarantined, dedup.duplicates, listing.ignored
     )
     report["version"] = NORMALIZE_VERSION
+    report["duplicate_files"] = [r for r in decoded if "duplicate_of" in r]  # their records, for reuse
     save_json(out / REPORT_NAME, report)
     if log is not None:
         log(reusable.line(len(decoded)))
@@ -158,12 +159,15 @@ class Reusable:
     def __init__(self, previous: PreviousOutput | None, options: Options):
         self.previous, self.options = previous, options
         self.records: dict[str, dict] = {}
+        self.outputs: dict[str, str] = {}  # source -> output of the kept files
         self.reused = 0
         report = previous.read_json(REPORT_NAME) if previous is not None else None
         if isinstance(report, dict) and self._same_settings(report):
-            for record in report.get("files", []):
-                if "input_sha256" in record and "output" in record:
+            for record in report.get("files", []) + report.get("duplicate_files", []):
+                if "input_sha256" in record:
                     self.records.setdefault(record["input_sha256"], record)
+                if "output" in record:
+                    self.outputs[record["source"]] = record["output"]
 
     def _same_settings(self, report: dict) -> bool:
         settings = report.get("settings") or {}
@@ -176,11 +180,15 @@ class Reusable:
             return None
         with open_input(raw / rel) as (f, _):
             record = self.records.get(sha256_file(raw / rel))
-            span = self.previous.member(record["output"]) if record else None
+            if record is None:
+                return None
+            # a duplicate's audio is that of the file it duplicated (the same PCM gives the same bytes)
+            output = record.get("output") or self.outputs.get(record.get("duplicate_of"))
+            span = self.previous.member(output) if output else None
             if span is None:
                 return None
             tags = find_tags(raw / rel, raw, f)
-        fresh = {k: v for k, v in record.items() if k not in ("output", "tags", "tag_warnings")}
+        fresh = {k: v for k, v in record.items() if k not in ("output", "tags", "tag_warnings", "duplicate_of")}
         fresh.update(source=rel, tags=tags.source)
         if tags.warnings:
             fresh["tag_warnings"] = tags.warnings

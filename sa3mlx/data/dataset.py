@@ -7,7 +7,9 @@ index of the last 1 of its padding mask) when random cropping and last_valid > c
 a shorter one is padded with `silence.npy` (sliced or tiled) if the root has one, else zeros,
 its mask extended with zeros. `seconds_total` stays the full file's duration.
 
-Reads are memory-mapped; every random choice is a pure function of (seed, epoch, draw), so the
+The root may hold either layout of the encode stage (`sa3mlx/runtime/shards.py`): plain files or
+tar shards with an index; either way an item is one seek and a memory map, and the examples,
+the `info` included, are identical. Every random choice is a pure function of (seed, epoch, draw), so the
 sampler position alone (`EpochSampler.state_dict()`) resumes the exact batch sequence: the same
 order, crops and prompts.
 """
@@ -19,11 +21,12 @@ import math
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 
 from sa3mlx.data.prompts import PromptTemplate, build_prompt
+from sa3mlx.runtime.shards import Span, Tree, open_tree
 
 SILENCE_FILE = "silence.npy"
 FILELIST = "filelist.txt"
@@ -33,30 +36,28 @@ _ORDER, _CROP, _PROMPT = 0, 1, 2  # independent random streams of one (seed, epo
 
 @dataclass(frozen=True)
 class LatentFile:
-    latent: Path
-    sidecar: Path
+    latent: Span
+    sidecar: Span
     relpath: str  # the .npy path relative to the root, "/"-separated
 
 
-def find_latents(root: str | Path) -> list[LatentFile]:
+def find_latents(root: str | Path | Tree) -> list[LatentFile]:
     """The latent/sidecar pairs under root, sorted by relpath (`filelist.txt` order if present)."""
-    root = Path(root)
-    if not root.is_dir():
-        raise FileNotFoundError(f"{root}: latent folder not found")
-    listed = root / FILELIST
-    if listed.is_file():
-        paths = [root / line.strip() for line in listed.read_text().splitlines() if line.strip()]
+    tree = root if isinstance(root, Tree) else open_tree(root)
+    root = tree.root
+    if FILELIST in tree:
+        names = [line.strip() for line in tree.read(FILELIST).decode("utf-8").splitlines() if line.strip()]
     else:
-        paths = sorted(root.rglob("*.npy"), key=lambda p: p.relative_to(root).as_posix())
+        names = [name for name in tree.names() if name.endswith(".npy")]
     files, orphans = [], []
-    for path in paths:
-        if path.name == SILENCE_FILE:
+    for name in names:
+        if PurePosixPath(name).name == SILENCE_FILE:
             continue
-        sidecar = path.with_suffix(".json")
-        if not sidecar.is_file():
-            orphans.append(path.relative_to(root).as_posix())
+        sidecar = str(PurePosixPath(name).with_suffix(".json"))
+        if name not in tree or sidecar not in tree:
+            orphans.append(name)
             continue
-        files.append(LatentFile(path, sidecar, path.relative_to(root).as_posix()))
+        files.append(LatentFile(tree.span(name), tree.span(sidecar), name))
     if orphans:
         raise FileNotFoundError(
             f"{root}: latents without a .json sidecar: {orphans[:5]}{' …' if len(orphans) > 5 else ''}"
@@ -66,16 +67,17 @@ def find_latents(root: str | Path) -> list[LatentFile]:
     return files
 
 
-def load_silence(root: str | Path) -> np.ndarray | None:
+def load_silence(root: str | Path | Tree) -> np.ndarray | None:
     """`<root>/silence.npy` as [C, N] fp32 (a leading batch axis is dropped), or None."""
-    path = Path(root) / SILENCE_FILE
-    if not path.is_file():
+    tree = root if isinstance(root, Tree) else open_tree(root)
+    if SILENCE_FILE not in tree:
         return None
-    silence = np.load(path)
+    span = tree.span(SILENCE_FILE)
+    silence = span.load_npy(mmap=False)
     while silence.ndim > 2 and silence.shape[0] == 1:
         silence = silence[0]
     if silence.ndim != 2 or silence.shape[1] == 0:
-        raise ValueError(f"{path}: expected a [C, N] latent, got shape {silence.shape}")
+        raise ValueError(f"{span.label}: expected a [C, N] latent, got shape {silence.shape}")
     return silence.astype(np.float32)
 
 
@@ -120,8 +122,9 @@ class PreEncodedDataset:
         self, root: str | Path, crop_length: int | None, random_crop: bool = True, prompts: PromptTemplate | None = None
     ):
         self.root = Path(root)
-        self.files = find_latents(self.root)
-        self.silence = load_silence(self.root)
+        tree = open_tree(self.root)
+        self.files = find_latents(tree)
+        self.silence = load_silence(tree)
         self.crop_length = crop_length
         self.random_crop = random_crop
         self.prompts = prompts
@@ -132,21 +135,21 @@ class PreEncodedDataset:
     def sidecar(self, index: int) -> dict:
         entry = self.files[index]
         try:
-            info = json.loads(entry.sidecar.read_text(encoding="utf-8"))
+            info = json.loads(entry.sidecar.read().decode("utf-8"))
         except (OSError, ValueError) as e:
-            raise ValueError(f"{entry.sidecar}: unreadable sidecar ({e})") from None
+            raise ValueError(f"{entry.sidecar.label}: unreadable sidecar ({e})") from None
         if "seconds_total" not in info:
-            raise ValueError(f"{entry.sidecar}: no seconds_total")
+            raise ValueError(f"{entry.sidecar.label}: no seconds_total")
         return info
 
     def example(self, index: int, rng: np.random.Generator) -> Example:
         entry = self.files[index]
         info = self.sidecar(index)
-        stored = np.load(entry.latent, mmap_mode="r")
+        stored = entry.latent.load_npy(mmap=True)
         if stored.ndim == 3 and stored.shape[0] == 1:
             stored = stored[0]
         if stored.ndim != 2:
-            raise ValueError(f"{entry.latent}: expected [C, T] latents, got shape {stored.shape}")
+            raise ValueError(f"{entry.latent.label}: expected [C, T] latents, got shape {stored.shape}")
         length = stored.shape[1]
         mask = np.asarray(info.pop("padding_mask", np.ones(length)), dtype=np.int64).astype(bool)
         crop = length if self.crop_length is None else int(self.crop_length)
@@ -161,7 +164,8 @@ class PreEncodedDataset:
         else:
             latents = np.array(stored, np.float32)
             mask = _fit_mask(mask, crop)
-        info.update(latent_filename=str(entry.latent), latent_crop_start=start, latent_crop_length=crop)
+        latent_filename = str(self.root / entry.relpath)  # the same in both layouts
+        info.update(latent_filename=latent_filename, latent_crop_start=start, latent_crop_length=crop)
         info.setdefault("relpath", entry.relpath)
         return Example(latents, mask, info)
 

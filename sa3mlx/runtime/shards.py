@@ -1,16 +1,17 @@
 """The two layouts of a derived data folder (normalize's and encode's output): `files` or `shards`.
 
 `files`: one file per member (`<stem>.wav` + `<stem>.json`, `<stem>.npy` + `<stem>.json`).
-`shards`: the same members packed into `shards/NNN.tar` (SHARD_COUNT hash buckets of the member's
-path without its suffix, so an item's audio/latent and its json share a shard), uncompressed, in
-sorted order, with fixed headers (mtime 0, uid/gid 0, mode 0644: the same members give the same
-bytes), plus `index.json` (member -> shard, byte offset of its data, size; the size of every
-shard). A member is one seek away and a plain `tar -xf` of every shard gives the `files` tree.
-A stage's summary files (report.json, details.json, ...) sit beside the shards in both layouts.
+`shards`: the same members packed into `shards/NNN-<md5 prefix>.tar` (NNN: one of SHARD_COUNT hash
+buckets of the member's path without its suffix, so an item's audio/latent and its json share a
+shard), uncompressed, in sorted order, with fixed headers (mtime 0, uid/gid 0, mode 0644: the same
+members give the same bytes and so the same name), plus `index.json` (member -> shard, byte offset of
+its data, size; the size of every shard). A member is one seek away and a plain `tar -xf` of every
+shard gives the `files` tree. A stage's summary files (report.json, details.json, ...) sit beside
+the shards in both layouts.
 
-Writes are atomic per file (every shard is either the old or the new one, whatever kills the
-process); the index is written last and records each shard's size, so a reader notices a shard
-that does not belong to it.
+Crash safety: a shard is written to a temporary file and renamed to its content-derived name, the
+index last, and only then the shards it no longer names are deleted; so whatever kills the process,
+the index on disk names a complete, consistent set of shards (old or new).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-from sa3mlx.runtime.io import atomic_path, remove_stale
+from sa3mlx.runtime.io import atomic_path, remove_stale, sha256_file
 
 LAYOUTS = ("files", "shards", "auto")
 SHARDS_DIR = "shards"
@@ -48,10 +49,10 @@ def choose_layout(layout: str, clips: int, param: str) -> str:
 
 
 def shard_of(name: str) -> str:
-    """`shards/NNN.tar` of a member: a hash of its path without the suffix (stable when items come and go)."""
+    """The bucket `NNN` of a member: a hash of its path without the suffix (stable when items come and go)."""
     stem = str(PurePosixPath(name).with_suffix(""))
     number = int.from_bytes(hashlib.sha1(stem.encode()).digest()[:4], "big") % SHARD_COUNT
-    return f"{SHARDS_DIR}/{number:03d}.tar"
+    return f"{number:03d}"
 
 
 @dataclass(frozen=True)
@@ -230,16 +231,26 @@ class TreeWriter:
         for name in sorted(self.sources):
             groups.setdefault(shard_of(name), []).append(name)
         index = {"format": INDEX_FORMAT, "shards": {}, "members": {}}
-        for shard, names in sorted(groups.items()):
-            with atomic_path(self.root / shard) as tmp:
-                with open(tmp, "wb") as f:
-                    index["members"].update(write_tar(f, names, self.sources, shard))
-                index["shards"][shard] = tmp.stat().st_size
+        for bucket, names in sorted(groups.items()):
+            shard, members, size = self._write_shard(bucket, names)
+            index["shards"][shard] = size
+            index["members"].update({name: [shard, offset, length] for name, (offset, length) in members.items()})
         return index
 
+    def _write_shard(self, bucket: str, names: list[str]) -> tuple[str, dict, int]:
+        """Pack one bucket into a scratch file, then rename it to `shards/<bucket>-<sha256 prefix>.tar`."""
+        packed = self.root / STAGING_DIR / f".{bucket}.tar"  # hidden: never a member's name
+        with atomic_path(packed) as tmp, open(tmp, "wb") as f:
+            members = write_tar(f, names, self.sources)
+        shard = f"{SHARDS_DIR}/{bucket}-{sha256_file(packed)[:16]}.tar"
+        (self.root / SHARDS_DIR).mkdir(exist_ok=True)
+        size = packed.stat().st_size
+        os.replace(packed, self.root / shard)
+        return shard, members, size
 
-def write_tar(f, names: list[str], sources: dict[str, bytes | Span], shard: str) -> dict[str, list]:
-    """Members `names` (in this order) as an uncompressed tar with fixed headers; {name: [shard, offset, size]}."""
+
+def write_tar(f, names: list[str], sources: dict[str, bytes | Span]) -> dict[str, tuple[int, int]]:
+    """Members `names` (in this order) as an uncompressed tar with fixed headers; {name: (offset, size)}."""
     placed = {}
     with tarfile.open(fileobj=f, mode="w", format=_TAR_FORMAT) as tar:
         for name in names:
@@ -254,7 +265,7 @@ def write_tar(f, names: list[str], sources: dict[str, bytes | Span], shard: str)
                     src.seek(source.offset)
                     tar.addfile(info, src)
             blocks = -(-info.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
-            placed[name] = [shard, tar.offset - blocks, info.size]
+            placed[name] = (tar.offset - blocks, info.size)
     return placed
 
 

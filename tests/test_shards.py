@@ -1,0 +1,144 @@
+"""The sharded layout of a derived data folder: stable bytes, one changed item = one rewritten shard,
+atomic shards, one-seek reads, `tar -xf` = export = the files layout, and damage noticed."""
+
+import hashlib
+import io
+import json
+import subprocess
+from pathlib import PurePosixPath
+
+import numpy as np
+import pytest
+
+from sa3mlx.runtime import shards as S
+
+
+def _npy(value: float, length: int = 3) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, np.full((2, length), value, np.float32))
+    return buffer.getvalue()
+
+
+def _items(count: int) -> dict[str, bytes]:
+    members = {}
+    for i in range(count):
+        name = f"set{i % 3}/clip {i:02d}"
+        members[f"{name}.npy"] = _npy(i)
+        members[f"{name}.json"] = json.dumps({"prompt": f"clip {i}"}).encode()
+    return members
+
+
+def _write(root, members: dict[str, bytes], layout="shards"):
+    writer = S.TreeWriter(root, layout)
+    for name, data in members.items():
+        writer.add_bytes(name, data)
+    writer.finish({"details.json"})
+    return root
+
+
+def _digests(root) -> dict[str, str]:
+    """{bucket: md5} of the shards the index names."""
+    index = json.loads((root / S.INDEX_FILE).read_text())
+    return {
+        PurePosixPath(shard).name[:3]: hashlib.md5((root / shard).read_bytes()).hexdigest() for shard in index["shards"]
+    }
+
+
+def test_members_read_back_with_one_seek_and_pairs_share_a_shard(tmp_path):
+    members = _items(20)
+    tree = S.open_tree(_write(tmp_path / "out", members))
+    assert tree.layout == "shards" and tree.names() == sorted(members)
+    assert {name: tree.read(name) for name in tree.names()} == members
+    assert S.shard_of("a/b.npy") == S.shard_of("a/b.json") != S.shard_of("a/c.npy")
+    assert len(list((tmp_path / "out" / S.SHARDS_DIR).iterdir())) == len({S.shard_of(n) for n in members})
+    index = json.loads((tmp_path / "out" / S.INDEX_FILE).read_text())
+    shard, offset, size = index["members"]["set1/clip 04.npy"]
+    with open(tmp_path / "out" / shard, "rb") as f:
+        f.seek(offset)
+        assert f.read(size) == members["set1/clip 04.npy"]
+    latent = tree.span("set1/clip 04.npy").load_npy()
+    assert isinstance(latent, np.memmap) and latent.tolist() == [[4.0] * 3] * 2
+
+
+def test_same_members_same_bytes_and_one_change_rewrites_one_shard(tmp_path):
+    members = _items(40)
+    first = _digests(_write(tmp_path / "a", members))
+    assert _digests(_write(tmp_path / "b", dict(reversed(members.items())))) == first  # order of adding is free
+    changed = {**members, "set0/clip 03.npy": _npy(99)}
+    added = {**members, "new/one.npy": _npy(7), "new/one.json": b"{}"}
+    deleted = {k: v for k, v in members.items() if not k.startswith("set2/clip 05")}
+    for variant, item in ((changed, "set0/clip 03"), (added, "new/one"), (deleted, "set2/clip 05")):
+        after = _digests(_write(tmp_path / "a", variant))
+        differ = {name for name in first.keys() | after.keys() if first.get(name) != after.get(name)}
+        assert differ == {S.shard_of(item + ".npy")}, item
+        _write(tmp_path / "a", members)
+    assert _digests(tmp_path / "a") == first
+
+
+def test_tar_extract_export_and_the_files_layout_agree(tmp_path):
+    members = _items(12)
+    sharded = _write(tmp_path / "sharded", members)
+    (sharded / "details.json").write_text("{}")
+    extracted = tmp_path / "extracted"
+    extracted.mkdir()
+    for shard in sorted((sharded / S.SHARDS_DIR).iterdir()):
+        subprocess.run(["tar", "-xf", str(shard), "-C", str(extracted)], check=True)
+    assert S.export_tree(sharded, tmp_path / "exported") == len(members)
+    files = _write(tmp_path / "files", members, "files")
+    for root in (extracted, tmp_path / "exported", files):
+        tree = S.open_tree(root, ("details.json",))
+        assert tree.layout == "files" and {name: tree.read(name) for name in tree.names()} == members, root
+
+
+def test_switching_layouts_leaves_no_stale_files(tmp_path):
+    members = _items(5)
+    root = _write(tmp_path / "out", members, "files")
+    (root / "details.json").write_text("{}")
+    _write(root, members, "shards")
+    assert sorted(p.name for p in root.iterdir()) == ["details.json", S.INDEX_FILE, S.SHARDS_DIR]
+    _write(root, members, "files")
+    assert S.open_tree(root, ("details.json",)).names() == sorted(members)
+    assert not (root / S.SHARDS_DIR).exists() and not (root / S.INDEX_FILE).exists()
+
+
+def test_a_crash_mid_write_leaves_the_old_consistent_folder(tmp_path, monkeypatch):
+    members = _items(30)
+    root = _write(tmp_path / "out", members)
+    old = _digests(root)
+    changed = {name: data + b" " if name.endswith(".json") else data for name, data in members.items()}
+    packed, real = [], S.write_tar
+
+    def crash_after_three(f, names, sources):
+        if len(packed) == 3:
+            raise KeyboardInterrupt
+        packed.append(names)
+        return real(f, names, sources)
+
+    monkeypatch.setattr(S, "write_tar", crash_after_three)
+    with pytest.raises(KeyboardInterrupt):
+        _write(root, changed)
+    assert _digests(root) == old  # the index still names the old shards, all there and intact
+    tree = S.open_tree(root)
+    assert {name: tree.read(name) for name in tree.names()} == members
+    assert len(list((root / S.SHARDS_DIR).iterdir())) == len(old) + 3  # the new ones: swept by the next run
+    assert not [p for p in root.rglob("*") if p.name.endswith(".tmp")]
+    monkeypatch.setattr(S, "write_tar", real)
+    _write(root, changed)
+    assert len(list((root / S.SHARDS_DIR).iterdir())) == len(old)
+    assert {name: S.open_tree(root).read(name) for name in changed} == changed
+
+
+def test_a_shard_that_does_not_match_its_index_is_an_error_naming_the_fix(tmp_path):
+    root = _write(tmp_path / "out", _items(4))
+    shard = sorted((root / S.SHARDS_DIR).iterdir())[0]
+    shard.write_bytes(shard.read_bytes()[:-512])
+    with pytest.raises(ValueError, match=rf"{shard.name}: .* bytes, its index says .*dvc checkout"):
+        S.open_tree(root)
+
+
+def test_layout_choice():
+    assert S.choose_layout("auto", S.AUTO_SHARDS_ABOVE, "x") == "files"
+    assert S.choose_layout("auto", S.AUTO_SHARDS_ABOVE + 1, "x") == "shards"
+    assert S.choose_layout("files", 10**6, "x") == "files"
+    with pytest.raises(ValueError, match="encode.layout 'tar'"):
+        S.choose_layout("tar", 1, "encode.layout")
