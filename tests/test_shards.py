@@ -142,3 +142,29 @@ def test_layout_choice():
     assert S.choose_layout("files", 10**6, "x") == "files"
     with pytest.raises(ValueError, match="encode.layout 'tar'"):
         S.choose_layout("tar", 1, "encode.layout")
+
+
+def test_training_over_files_or_shards_gives_bit_identical_adapters(tmp_path):
+    from test_train_loop_fake import TINY_PARAMS, make_tiny_project, reproducible_prompt_encoding
+
+    from sa3mlx.train.job import TrainJob
+
+    restore = reproducible_prompt_encoding()
+    try:
+        adapters = []
+        for layout in ("files", "shards"):
+            project = make_tiny_project(tmp_path / layout)
+            latents = project / "data" / "latents"
+            if layout == "shards":
+                members = S.open_tree(latents)
+                packed = {name: members.read(name) for name in members.names()}
+                _write(latents, packed)
+                assert S.open_tree(latents).layout == "shards" and not list(latents.glob("*.npy"))
+            job = TrainJob.from_params(
+                {**TINY_PARAMS, "max_steps": 3, "checkpoint_every": 3}, "tiny-base", root=project
+            )
+            assert job.run(io.StringIO()) == 0
+            adapters.append((project / "models" / "lora" / f"{TINY_PARAMS['name']}.safetensors").read_bytes())
+        assert adapters[0] == adapters[1]
+    finally:
+        restore()
