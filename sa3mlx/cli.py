@@ -59,6 +59,26 @@ def _lora_merge(args) -> int:
     return 0
 
 
+def _export(args) -> int:
+    from sa3mlx.audio.normalize import REPORT_NAME
+    from sa3mlx.data.encode import DETAILS_FILE
+    from sa3mlx.runtime.layout import LATENTS_DIR, NORMALIZED_DIR
+    from sa3mlx.runtime.shards import export_tree
+
+    folder, summaries = {
+        "latents": (LATENTS_DIR, (DETAILS_FILE,)),
+        "normalized": (NORMALIZED_DIR, (REPORT_NAME,)),
+    }[args.what]
+    source = args.source or folder
+    try:
+        count = export_tree(source, args.out_dir, summaries)
+    except ValueError as e:  # a damaged shard or index: the message names it and the fix
+        print(f"sa3mlx export: error: {e}", file=sys.stderr)
+        return 2
+    print(f"{source} -> {args.out_dir}: {count} files")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sa3mlx", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -106,6 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     merge.add_argument("--out", required=True, help="merged .npz")
     merge.set_defaults(run=_lora_merge)
+
+    export = sub.add_parser(
+        "export", help="a stage's data folder (either layout) as plain files: the underfit npy + json tree"
+    )
+    export.add_argument("what", choices=("latents", "normalized"), help="encode's or normalize's output")
+    export.add_argument("out_dir")
+    export.add_argument("--from", dest="source", help="the folder to read (default data/latents or data/normalized)")
+    export.set_defaults(run=_export)
     return parser
 
 

@@ -10,6 +10,7 @@ from pathlib import PurePosixPath
 import numpy as np
 import pytest
 
+from sa3mlx import cli
 from sa3mlx.runtime import shards as S
 
 
@@ -83,7 +84,8 @@ def test_tar_extract_export_and_the_files_layout_agree(tmp_path):
     extracted.mkdir()
     for shard in sorted((sharded / S.SHARDS_DIR).iterdir()):
         subprocess.run(["tar", "-xf", str(shard), "-C", str(extracted)], check=True)
-    assert S.export_tree(sharded, tmp_path / "exported") == len(members)
+    assert cli.main(["export", "latents", str(tmp_path / "exported"), "--from", str(sharded)]) == 0
+    assert not (tmp_path / "exported" / "details.json").exists()  # the members only, as `tar -xf` gives
     files = _write(tmp_path / "files", members, "files")
     for root in (extracted, tmp_path / "exported", files):
         tree = S.open_tree(root, ("details.json",))

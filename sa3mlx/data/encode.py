@@ -4,8 +4,8 @@ For each normalised audio file, in sorted order: hash its bytes, look the (audio
 params) key up in the content cache (`encode_cache`), encode on a miss (SAME encoder, fp32,
 production chunking above `chunk_above_seconds`, no pre-padding), then write
 `<relpath>.npy` ([latent_dim, T] float32, unscaled) and `<relpath>.json` (the sidecar of
-underfit's pre-encode) atomically, one file each or packed in tar shards (`layout`), plus
-`keys.json` (each npy's cache key). Either layout of data/normalized/ is read. The cache lives
+underfit's pre-encode) atomically, one file each or packed in tar shards (`layout`);
+`details.json` lists each npy's cache key under `cache_keys`. Either layout of data/normalized/ is read. The cache lives
 outside the output folder, so a run that starts from an empty output (as `dvc repro` does)
 re-encodes only what the cache lacks, and a killed run resumes where it stopped. What the
 machine-local cache lacks is then looked up, by key, in the previous output (the version
@@ -39,7 +39,7 @@ from sa3mlx.runtime.shards import LAYOUTS, Span, Tree, TreeWriter, choose_layout
 AUDIO_EXTENSIONS = (".wav", ".flac")  # what `normalize` writes
 ENCODER_FILE = "same_encoder.npz"
 DETAILS_FILE = "details.json"
-KEYS_FILE = "keys.json"  # {npy member: cache key}: what lets a later run reuse a latent of this output
+CACHE_KEYS = "cache_keys"  # details.json: {npy member: cache key}, what lets a later run reuse a latent
 REPORT_FILE = "report.json"  # normalize's census: maps outputs to their raw sources
 RESERVED_ROOT_STEMS = ("details", "silence")  # details.json is ours; silence.npy pads clips in the dataset
 ENCODE_VERSION = 1  # part of every cache key: bump when the computation changes
@@ -320,9 +320,8 @@ def encode_dir(
         log(f"encode: damaged in the DVC cache, encoded again: {', '.join(restorer.damaged)}")
     if shard is None:
         remove_temporaries(latents)
-        writer.finish({DETAILS_FILE, KEYS_FILE})
-        save_json(latents / KEYS_FILE, keys)
-        save_json(latents / DETAILS_FILE, details(codec, options, model, normalized, summary))
+        writer.finish({DETAILS_FILE})
+        save_json(latents / DETAILS_FILE, {**details(codec, options, model, normalized, summary), CACHE_KEYS: keys})
     summary.wall = time.perf_counter() - started
     return summary
 
@@ -344,7 +343,8 @@ class Restorer:
 
     def __init__(self, previous: PreviousOutput | None, store: LatentCache):
         self.previous, self.store = previous, store
-        keys = previous.read_json(KEYS_FILE) if previous is not None else None
+        found = previous.read_json(DETAILS_FILE) if previous is not None else None
+        keys = found.get(CACHE_KEYS) if isinstance(found, dict) else None
         self.names = {key: name for name, key in keys.items()} if isinstance(keys, dict) else {}
 
     @property
