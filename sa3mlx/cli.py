@@ -60,18 +60,15 @@ def _lora_merge(args) -> int:
 
 
 def _export(args) -> int:
-    from sa3mlx.audio.normalize import REPORT_NAME
-    from sa3mlx.data.encode import DETAILS_FILE
     from sa3mlx.runtime.layout import LATENTS_DIR, NORMALIZED_DIR
-    from sa3mlx.runtime.shards import export_tree
+    from sa3mlx.runtime.shards import ENCODE_DETAILS, NORMALIZE_REPORT, export_tree
 
-    folder, summaries = {
-        "latents": (LATENTS_DIR, (DETAILS_FILE,)),
-        "normalized": (NORMALIZED_DIR, (REPORT_NAME,)),
-    }[args.what]
+    folder, summary = {"latents": (LATENTS_DIR, ENCODE_DETAILS), "normalized": (NORMALIZED_DIR, NORMALIZE_REPORT)}[
+        args.what
+    ]
     source = args.source or folder
     try:
-        count = export_tree(source, args.out_dir, summaries)
+        count = export_tree(source, args.out_dir, summary)
     except ValueError as e:  # a damaged shard or index: the message names it and the fix
         print(f"sa3mlx export: error: {e}", file=sys.stderr)
         return 2

@@ -4,7 +4,7 @@ import sys
 
 import sa3mlx  # noqa: F401  (BLAS set-up first, as in every stage)
 from sa3mlx.audio.census import summary
-from sa3mlx.audio.normalize import Options, normalize_dir, stage_failure
+from sa3mlx.audio.normalize import REPORT_NAME, Options, normalize_dir, stage_failure
 from sa3mlx.runtime.layout import NORMALIZED_DIR, RAW_DIR
 from sa3mlx.runtime.params import stage_params
 from sa3mlx.runtime.previous import previous_output
@@ -14,7 +14,7 @@ def main() -> int:
     sys.stdout.reconfigure(errors="backslashreplace")
     options = Options.from_params(stage_params("normalize")["normalize"])
     # DVC deleted the output before running us; the version dvc.lock records is in its cache
-    report = normalize_dir(RAW_DIR, NORMALIZED_DIR, options, previous_output(NORMALIZED_DIR), print)
+    report = normalize_dir(RAW_DIR, NORMALIZED_DIR, options, previous_output(NORMALIZED_DIR, REPORT_NAME), print)
     print(summary(report, RAW_DIR, NORMALIZED_DIR))
     failure = stage_failure(report, options.strict)
     if failure:

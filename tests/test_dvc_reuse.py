@@ -14,7 +14,7 @@ from dvc_project import commit_all, fork, make_project, ran_stages, run
 
 from sa3mlx.audio.write import write_float_wav
 from sa3mlx.runtime.previous import previous_output
-from sa3mlx.runtime.shards import INDEX_FILE, SHARDS_DIR, open_tree
+from sa3mlx.runtime.shards import ENCODE_DETAILS, INDEX_KEY, NORMALIZE_REPORT, SHARDS_DIR, open_tree
 
 DONE = re.compile(r"Done in .+?: (\d+) encoded, (\d+) skipped, (\d+) errors")
 NORMALIZED = re.compile(r"normalize: (\d+) decoded and resampled, (\d+) unchanged taken")
@@ -34,9 +34,16 @@ def add_clip(repo, name="added.wav", seed=9):
     write_float_wav(repo / "data" / "raw" / name, audio, 44100)
 
 
+SUMMARIES = {"normalized": NORMALIZE_REPORT, "latents": ENCODE_DETAILS}
+
+
+def index_of(folder) -> dict:
+    return json.loads((folder / SUMMARIES[folder.name]).read_text())[INDEX_KEY]
+
+
 def shard_digests(folder) -> dict[str, str]:
     """{bucket: md5} of the shards a folder's index names."""
-    index = json.loads((folder / INDEX_FILE).read_text())
+    index = index_of(folder)
     return {s.split("/")[-1][:3]: hashlib.md5((folder / s).read_bytes()).hexdigest() for s in index["shards"]}
 
 
@@ -72,7 +79,7 @@ def test_a_pulled_clone_adding_one_clip_normalizes_one_and_encodes_one(source, t
     for folder, member in (("normalized", "added.wav"), ("latents", "added.npy")):
         mine, theirs = shard_digests(clone / "data" / folder), shard_digests(source / "data" / folder)
         changed = {b for b in mine.keys() | theirs.keys() if mine.get(b) != theirs.get(b)}
-        index = json.loads((clone / "data" / folder / INDEX_FILE).read_text())
+        index = index_of(clone / "data" / folder)
         assert changed == {index["members"][member][0].split("/")[-1][:3]}, folder  # one shard, the new clip's
     # the same clip added in (a copy of) the first clone gives the same bytes
     first = fork(source, tmp_path / "first")
@@ -91,7 +98,7 @@ def test_a_pulled_clone_adding_one_clip_normalizes_one_and_encodes_one(source, t
 
 def test_a_damaged_object_in_the_dvc_cache_is_recomputed_not_copied(source, tmp_path):
     clone = pulled_clone(source, tmp_path / "clone")
-    latents = previous_output("data/latents", clone)
+    latents = previous_output("data/latents", ENCODE_DETAILS, clone)
     span = latents.member("bass_line.npy")
     damaged = bytearray(span.path.read_bytes())
     damaged[span.offset + span.size // 2] ^= 0xFF
@@ -99,13 +106,14 @@ def test_a_damaged_object_in_the_dvc_cache_is_recomputed_not_copied(source, tmp_
     span.path.write_bytes(bytes(damaged))
     in_that_shard = sum(
         1
-        for name, entry in json.loads((clone / "data/latents" / INDEX_FILE).read_text())["members"].items()
+        for name, entry in index_of(clone / "data" / "latents")["members"].items()
         if name.endswith(".npy") and entry[0] == latents._shard_spans["bass_line.npy"][0]
     )
     add_clip(clone)
     out = run(["dvc", "repro", "encode"], clone)
     assert DONE.search(out).groups() == (str(1 + in_that_shard), str(8 - in_that_shard), "0"), out
     assert "damaged in the DVC cache, encoded again: data/latents/" + SHARDS_DIR in out
-    mine, theirs = open_tree(clone / "data" / "latents"), open_tree(source / "data" / "latents")
+    mine = open_tree(clone / "data" / "latents", ENCODE_DETAILS)
+    theirs = open_tree(source / "data" / "latents", ENCODE_DETAILS)
     assert sorted(set(mine.names()) - set(theirs.names())) == ["added.json", "added.npy"]
     assert all(mine.read(name) == theirs.read(name) for name in theirs.names())  # recomputed = the original

@@ -21,6 +21,7 @@ from sa3mlx.runtime import shards as S
 from sa3mlx.runtime.previous import LOCK_FILE, previous_output
 
 RATE = 44100
+SUMMARIES = {"data/normalized": S.NORMALIZE_REPORT, "data/latents": S.ENCODE_DETAILS}
 
 
 def dvc_commit(project, out: str) -> None:
@@ -45,7 +46,7 @@ def dvc_commit(project, out: str) -> None:
 
 def damage_object(project, out: str, member: str) -> None:
     """Flip a byte of the cache object that holds `member` of `out` (its file, or its shard)."""
-    previous = previous_output(out, project)
+    previous = previous_output(out, SUMMARIES[out], project)
     span = previous.member(member)
     data = bytearray(span.path.read_bytes())
     data[span.offset + span.size // 2] ^= 0xFF
@@ -96,7 +97,7 @@ class Project:
         out = self.root / "data" / "normalized"
         shutil.rmtree(out, ignore_errors=True)
         options = N.Options(layout=self.layout, **settings)
-        previous = previous_output("data/normalized", self.root)
+        previous = previous_output("data/normalized", S.NORMALIZE_REPORT, self.root)
         N.normalize_dir(self.root / "data" / "raw", out, options, previous, self.log.append)
         return out
 
@@ -104,7 +105,7 @@ class Project:
         out = self.root / "data" / "latents"
         shutil.rmtree(out, ignore_errors=True)
         options = EncodeOptions(layout=self.layout, **settings)
-        previous = previous_output("data/latents", self.root)
+        previous = previous_output("data/latents", S.ENCODE_DETAILS, self.root)
         cache = self.root / "data" / "encode_cache"
         summary = encode_dir(
             self.root / "data" / "normalized", out, cache, self.codec, options, "tiny-base", self.log.append, previous
@@ -151,7 +152,7 @@ def test_normalize_takes_unchanged_inputs_from_the_previous_output(tmp_path, cod
 
 def _items_in_shard(project, stem: str) -> int:
     shard = S.shard_of(f"{stem}.wav")
-    names = S.open_tree(project.root / "data" / "normalized").names()
+    names = S.open_tree(project.root / "data" / "normalized", S.NORMALIZE_REPORT).names()
     return sum(1 for n in names if n.endswith(".wav") and S.shard_of(n) == shard)
 
 
@@ -180,7 +181,7 @@ def _latents_in_shard(project, stem: str) -> int:
     shard = S.shard_of(f"{stem}.npy")
     return sum(
         1
-        for n in S.open_tree(project.root / "data" / "latents").names()
+        for n in S.open_tree(project.root / "data" / "latents", S.ENCODE_DETAILS).names()
         if n.endswith(".npy") and S.shard_of(n) == shard
     )
 

@@ -13,6 +13,8 @@ import pytest
 from sa3mlx import cli
 from sa3mlx.runtime import shards as S
 
+SUMMARY = S.ENCODE_DETAILS
+
 
 def _npy(value: float, length: int = 3) -> bytes:
     buffer = io.BytesIO()
@@ -33,13 +35,17 @@ def _write(root, members: dict[str, bytes], layout="shards"):
     writer = S.TreeWriter(root, layout)
     for name, data in members.items():
         writer.add_bytes(name, data)
-    writer.finish({"details.json"})
+    writer.finish(SUMMARY, {"num_files": len(members) // 2})
     return root
+
+
+def _index(root) -> dict:
+    return json.loads((root / SUMMARY).read_text())[S.INDEX_KEY]
 
 
 def _digests(root) -> dict[str, str]:
     """{bucket: md5} of the shards the index names."""
-    index = json.loads((root / S.INDEX_FILE).read_text())
+    index = _index(root)
     return {
         PurePosixPath(shard).name[:3]: hashlib.md5((root / shard).read_bytes()).hexdigest() for shard in index["shards"]
     }
@@ -47,12 +53,12 @@ def _digests(root) -> dict[str, str]:
 
 def test_members_read_back_with_one_seek_and_pairs_share_a_shard(tmp_path):
     members = _items(20)
-    tree = S.open_tree(_write(tmp_path / "out", members))
+    tree = S.open_tree(_write(tmp_path / "out", members), SUMMARY)
     assert tree.layout == "shards" and tree.names() == sorted(members)
     assert {name: tree.read(name) for name in tree.names()} == members
     assert S.shard_of("a/b.npy") == S.shard_of("a/b.json") != S.shard_of("a/c.npy")
     assert len(list((tmp_path / "out" / S.SHARDS_DIR).iterdir())) == len({S.shard_of(n) for n in members})
-    index = json.loads((tmp_path / "out" / S.INDEX_FILE).read_text())
+    index = _index(tmp_path / "out")
     shard, offset, size = index["members"]["set1/clip 04.npy"]
     with open(tmp_path / "out" / shard, "rb") as f:
         f.seek(offset)
@@ -79,7 +85,6 @@ def test_same_members_same_bytes_and_one_change_rewrites_one_shard(tmp_path):
 def test_tar_extract_export_and_the_files_layout_agree(tmp_path):
     members = _items(12)
     sharded = _write(tmp_path / "sharded", members)
-    (sharded / "details.json").write_text("{}")
     extracted = tmp_path / "extracted"
     extracted.mkdir()
     for shard in sorted((sharded / S.SHARDS_DIR).iterdir()):
@@ -88,19 +93,18 @@ def test_tar_extract_export_and_the_files_layout_agree(tmp_path):
     assert not (tmp_path / "exported" / "details.json").exists()  # the members only, as `tar -xf` gives
     files = _write(tmp_path / "files", members, "files")
     for root in (extracted, tmp_path / "exported", files):
-        tree = S.open_tree(root, ("details.json",))
+        tree = S.open_tree(root, SUMMARY)
         assert tree.layout == "files" and {name: tree.read(name) for name in tree.names()} == members, root
 
 
 def test_switching_layouts_leaves_no_stale_files(tmp_path):
     members = _items(5)
     root = _write(tmp_path / "out", members, "files")
-    (root / "details.json").write_text("{}")
     _write(root, members, "shards")
-    assert sorted(p.name for p in root.iterdir()) == ["details.json", S.INDEX_FILE, S.SHARDS_DIR]
+    assert sorted(p.name for p in root.iterdir()) == [SUMMARY, S.SHARDS_DIR]
     _write(root, members, "files")
-    assert S.open_tree(root, ("details.json",)).names() == sorted(members)
-    assert not (root / S.SHARDS_DIR).exists() and not (root / S.INDEX_FILE).exists()
+    assert S.open_tree(root, SUMMARY).names() == sorted(members)
+    assert not (root / S.SHARDS_DIR).exists() and S.INDEX_KEY not in json.loads((root / SUMMARY).read_text())
 
 
 def test_a_crash_mid_write_leaves_the_old_consistent_folder(tmp_path, monkeypatch):
@@ -120,22 +124,22 @@ def test_a_crash_mid_write_leaves_the_old_consistent_folder(tmp_path, monkeypatc
     with pytest.raises(KeyboardInterrupt):
         _write(root, changed)
     assert _digests(root) == old  # the index still names the old shards, all there and intact
-    tree = S.open_tree(root)
+    tree = S.open_tree(root, SUMMARY)
     assert {name: tree.read(name) for name in tree.names()} == members
     assert len(list((root / S.SHARDS_DIR).iterdir())) == len(old) + 3  # the new ones: swept by the next run
     assert not [p for p in root.rglob("*") if p.name.endswith(".tmp")]
     monkeypatch.setattr(S, "write_tar", real)
     _write(root, changed)
     assert len(list((root / S.SHARDS_DIR).iterdir())) == len(old)
-    assert {name: S.open_tree(root).read(name) for name in changed} == changed
+    assert {name: S.open_tree(root, SUMMARY).read(name) for name in changed} == changed
 
 
 def test_a_shard_that_does_not_match_its_index_is_an_error_naming_the_fix(tmp_path):
     root = _write(tmp_path / "out", _items(4))
     shard = sorted((root / S.SHARDS_DIR).iterdir())[0]
     shard.write_bytes(shard.read_bytes()[:-512])
-    with pytest.raises(ValueError, match=rf"{shard.name}: .* bytes, its index says .*dvc checkout"):
-        S.open_tree(root)
+    with pytest.raises(ValueError, match=rf"{shard.name}: .* bytes, the index in .*{SUMMARY} says .*dvc checkout"):
+        S.open_tree(root, SUMMARY)
 
 
 def test_layout_choice():
@@ -158,10 +162,10 @@ def test_training_over_files_or_shards_gives_bit_identical_adapters(tmp_path):
             project = make_tiny_project(tmp_path / layout)
             latents = project / "data" / "latents"
             if layout == "shards":
-                members = S.open_tree(latents)
+                members = S.open_tree(latents, SUMMARY)
                 packed = {name: members.read(name) for name in members.names()}
                 _write(latents, packed)
-                assert S.open_tree(latents).layout == "shards" and not list(latents.glob("*.npy"))
+                assert S.open_tree(latents, SUMMARY).layout == "shards" and not list(latents.glob("*.npy"))
             job = TrainJob.from_params(
                 {**TINY_PARAMS, "max_steps": 3, "checkpoint_every": 3}, "tiny-base", root=project
             )

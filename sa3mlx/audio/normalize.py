@@ -33,13 +33,13 @@ from sa3mlx.audio.resample import QUALITIES, resample
 from sa3mlx.audio.scan import Listing, scan
 from sa3mlx.audio.tags import find_tags
 from sa3mlx.audio.write import FORMATS, write_audio
-from sa3mlx.runtime.io import save_json, sha256_file
+from sa3mlx.runtime.io import sha256_file
 from sa3mlx.runtime.params import dataclass_from_params
 from sa3mlx.runtime.previous import PreviousOutput
-from sa3mlx.runtime.shards import LAYOUTS, TreeWriter, choose_layout
+from sa3mlx.runtime.shards import LAYOUTS, NORMALIZE_REPORT, TreeWriter, choose_layout
 
 LATENT_SAMPLES = 4096  # audio samples per SAME latent frame (SA3's codecs downsample by 4096)
-REPORT_NAME = "report.json"
+REPORT_NAME = NORMALIZE_REPORT
 NORMALIZE_VERSION = 1  # in the report; a previous output of another version is not reused: bump when the audio changes
 AUDIO_SETTINGS = ("sample_rate", "max_seconds", "format", "channels", "resample_quality", "silence_dbfs")
 
@@ -125,13 +125,12 @@ def normalize_listing(
         _write_audio(writer, name, audio, record, options)
         writer.add_bytes(f"{stems[rel]}.json", _json_bytes(tags))
         decoded.append(record)
-    writer.finish({REPORT_NAME})
     report = census.build_report(
         asdict(options), len(listing.inputs), decoded, quarantined, dedup.duplicates, listing.ignored
     )
     report["version"] = NORMALIZE_VERSION
     report["duplicate_files"] = [r for r in decoded if "duplicate_of" in r]  # their records, for reuse
-    save_json(out / REPORT_NAME, report)
+    writer.finish(REPORT_NAME, report)
     if log is not None:
         log(reusable.line(len(decoded)))
     return report
@@ -161,7 +160,7 @@ class Reusable:
         self.records: dict[str, dict] = {}
         self.outputs: dict[str, str] = {}  # source -> output of the kept files
         self.reused = 0
-        report = previous.read_json(REPORT_NAME) if previous is not None else None
+        report = previous.summary if previous is not None else None
         if isinstance(report, dict) and self._same_settings(report):
             for record in report.get("files", []) + report.get("duplicate_files", []):
                 if "input_sha256" in record:

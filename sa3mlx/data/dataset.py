@@ -26,7 +26,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from sa3mlx.data.prompts import PromptTemplate, build_prompt
-from sa3mlx.runtime.shards import Span, Tree, open_tree
+from sa3mlx.runtime.shards import ENCODE_DETAILS, Span, Tree, open_tree
 
 SILENCE_FILE = "silence.npy"
 FILELIST = "filelist.txt"
@@ -43,7 +43,7 @@ class LatentFile:
 
 def find_latents(root: str | Path | Tree) -> list[LatentFile]:
     """The latent/sidecar pairs under root, sorted by relpath (`filelist.txt` order if present)."""
-    tree = root if isinstance(root, Tree) else open_tree(root)
+    tree = root if isinstance(root, Tree) else open_tree(root, ENCODE_DETAILS)
     root = tree.root
     if FILELIST in tree:
         names = [line.strip() for line in tree.read(FILELIST).decode("utf-8").splitlines() if line.strip()]
@@ -69,7 +69,7 @@ def find_latents(root: str | Path | Tree) -> list[LatentFile]:
 
 def load_silence(root: str | Path | Tree) -> np.ndarray | None:
     """`<root>/silence.npy` as [C, N] fp32 (a leading batch axis is dropped), or None."""
-    tree = root if isinstance(root, Tree) else open_tree(root)
+    tree = root if isinstance(root, Tree) else open_tree(root, ENCODE_DETAILS)
     if SILENCE_FILE not in tree:
         return None
     span = tree.span(SILENCE_FILE)
@@ -122,7 +122,7 @@ class PreEncodedDataset:
         self, root: str | Path, crop_length: int | None, random_crop: bool = True, prompts: PromptTemplate | None = None
     ):
         self.root = Path(root)
-        tree = open_tree(self.root)
+        tree = open_tree(self.root, ENCODE_DETAILS)
         self.files = find_latents(tree)
         self.silence = load_silence(tree)
         self.crop_length = crop_length

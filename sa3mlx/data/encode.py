@@ -31,16 +31,25 @@ from sa3mlx.data.encode_cache import Entry, LatentCache, entry_key, remove_tempo
 from sa3mlx.models.config import AutoencoderConfig
 from sa3mlx.models.same import SameEncoder, autoencoder_config, load_same_encoder
 from sa3mlx.models.same_chunked import encode_long, latent_mask
-from sa3mlx.runtime.io import save_json, sha256_file
+from sa3mlx.runtime.io import sha256_file
 from sa3mlx.runtime.params import dataclass_from_params
 from sa3mlx.runtime.previous import PreviousOutput
-from sa3mlx.runtime.shards import LAYOUTS, Span, Tree, TreeWriter, choose_layout, open_tree
+from sa3mlx.runtime.shards import (
+    ENCODE_DETAILS,
+    LAYOUTS,
+    NORMALIZE_REPORT,
+    Span,
+    Tree,
+    TreeWriter,
+    choose_layout,
+    open_tree,
+)
 
 AUDIO_EXTENSIONS = (".wav", ".flac")  # what `normalize` writes
 ENCODER_FILE = "same_encoder.npz"
-DETAILS_FILE = "details.json"
+DETAILS_FILE = ENCODE_DETAILS
 CACHE_KEYS = "cache_keys"  # details.json: {npy member: cache key}, what lets a later run reuse a latent
-REPORT_FILE = "report.json"  # normalize's census: maps outputs to their raw sources
+REPORT_FILE = NORMALIZE_REPORT  # normalize's census: maps outputs to their raw sources
 RESERVED_ROOT_STEMS = ("details", "silence")  # details.json is ours; silence.npy pads clips in the dataset
 ENCODE_VERSION = 1  # part of every cache key: bump when the computation changes
 SIDECAR_FIELDS = (
@@ -161,7 +170,7 @@ def encode_audio(
 
 def list_audio(root: str | os.PathLike | Tree) -> list[str]:
     """Sorted "/"-separated relpaths of the audio members of a normalised folder (either layout)."""
-    tree = root if isinstance(root, Tree) else open_tree(root, (REPORT_FILE,))
+    tree = root if isinstance(root, Tree) else open_tree(root, REPORT_FILE)
     return [name for name in tree.names() if name.lower().endswith(AUDIO_EXTENSIONS)]
 
 
@@ -288,7 +297,7 @@ def encode_dir(
     store.ignore_in_git()
     if shard is None:  # shards may run side by side: only a lone run may sweep temporaries
         store.remove_leftovers()
-    tree = open_tree(normalized, (REPORT_FILE,))
+    tree = open_tree(normalized, REPORT_FILE)
     files = [rel for rel in list_audio(tree) if in_shard(rel, shard)]
     sources = read_sources(normalized)
     restorer = Restorer(previous, store)
@@ -320,8 +329,7 @@ def encode_dir(
         log(f"encode: damaged in the DVC cache, encoded again: {', '.join(restorer.damaged)}")
     if shard is None:
         remove_temporaries(latents)
-        writer.finish({DETAILS_FILE})
-        save_json(latents / DETAILS_FILE, {**details(codec, options, model, normalized, summary), CACHE_KEYS: keys})
+        writer.finish(DETAILS_FILE, {**details(codec, options, model, normalized, summary), CACHE_KEYS: keys})
     summary.wall = time.perf_counter() - started
     return summary
 
@@ -343,7 +351,7 @@ class Restorer:
 
     def __init__(self, previous: PreviousOutput | None, store: LatentCache):
         self.previous, self.store = previous, store
-        found = previous.read_json(DETAILS_FILE) if previous is not None else None
+        found = previous.summary if previous is not None else None
         keys = found.get(CACHE_KEYS) if isinstance(found, dict) else None
         self.names = {key: name for name, key in keys.items()} if isinstance(keys, dict) else {}
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from sa3mlx.runtime.shards import INDEX_FILE, Span, read_index
+from sa3mlx.runtime.shards import INDEX_KEY, Span, read_index
 
 LOCK_FILE = "dvc.lock"
 
@@ -61,12 +61,13 @@ def locked_dir_md5(root: Path, out: str) -> str | None:
 class PreviousOutput:
     """The files of an output folder's last recorded version; members and root files, verified."""
 
-    def __init__(self, label: str, objects: Path, listing: dict[str, str]):
+    def __init__(self, label: str, objects: Path, listing: dict[str, str], summary: str):
         self.label, self.objects, self.listing = label, objects, listing
         self._checked: dict[Path, bool] = {}
         self.damaged: list[str] = []  # objects found but not matching their md5
-        self.sharded = INDEX_FILE in listing
-        self._shard_spans = self._read_shard_index() if self.sharded else {}
+        self.summary = self.read_json(summary)
+        self.sharded = isinstance(self.summary, dict) and INDEX_KEY in self.summary
+        self._shard_spans = self._read_shard_index(summary) if self.sharded else {}
 
     def object_path(self, md5: str) -> Path:
         return self.objects / md5[:2] / md5[2:]
@@ -91,10 +92,7 @@ class PreviousOutput:
         except ValueError:
             return None
 
-    def _read_shard_index(self) -> dict[str, tuple[str, Span]]:
-        index = self.file(INDEX_FILE)
-        if index is None:
-            return {}
+    def _read_shard_index(self, summary: str) -> dict[str, tuple[str, Span]]:
         shard_of_object = {}
 
         def locate(shard: str) -> Path:
@@ -103,7 +101,7 @@ class PreviousOutput:
             return path
 
         try:
-            spans = read_index(index, locate, check_sizes=False)
+            spans = read_index(self.summary[INDEX_KEY], Path(self.label) / summary, locate, check_sizes=False)
         except ValueError:
             return {}
         return {name: (shard_of_object[span.path], span) for name, span in spans.items()}
@@ -120,9 +118,10 @@ class PreviousOutput:
         return span if self._intact(self.listing[shard], f"{self.label}/{shard}") else None
 
 
-def previous_output(out: str, root: str | os.PathLike = ".") -> PreviousOutput | None:
-    """The version of output folder `out` (as spelled in dvc.yaml) that dvc.lock records, if the
-    DVC cache holds its listing; None otherwise (first run, no DVC, a pull that left it out)."""
+def previous_output(out: str, summary: str, root: str | os.PathLike = ".") -> PreviousOutput | None:
+    """The version of output folder `out` (as spelled in dvc.yaml; `summary`: its summary file, which
+    holds the shard index) that dvc.lock records, if the DVC cache holds its listing; None otherwise
+    (first run, no DVC, a pull that left it out)."""
     root = Path(root)
     md5 = locked_dir_md5(root, out)
     if md5 is None:
@@ -136,4 +135,4 @@ def previous_output(out: str, root: str | os.PathLike = ".") -> PreviousOutput |
         listing = {e["relpath"]: e["md5"] for e in entries}
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return PreviousOutput(out, objects, listing)
+    return PreviousOutput(out, objects, listing, summary)

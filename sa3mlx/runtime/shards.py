@@ -4,14 +4,16 @@
 `shards`: the same members packed into `shards/NNN-<md5 prefix>.tar` (NNN: one of SHARD_COUNT hash
 buckets of the member's path without its suffix, so an item's audio/latent and its json share a
 shard), uncompressed, in sorted order, with fixed headers (mtime 0, uid/gid 0, mode 0644: the same
-members give the same bytes and so the same name), plus `index.json` (member -> shard, byte offset of
-its data, size; the size of every shard). A member is one seek away and a plain `tar -xf` of every
-shard gives the `files` tree. A stage's summary files (report.json, details.json, ...) sit beside
-the shards in both layouts.
+members give the same bytes and so the same name), plus an index (member -> shard, byte offset of
+its data, size; the size of every shard) under the key `shard_index` of the folder's summary file
+(normalize's report.json, encode's details.json), which sits beside the shards and is rewritten
+on every run anyway: one changed item changes one shard and that file, so DVC stores and pushes two
+objects for the folder plus its listing. A member is one seek away and a plain `tar -xf` of every
+shard gives the `files` tree.
 
 Crash safety: a shard is written to a temporary file and renamed to its content-derived name, the
-index last, and only then the shards it no longer names are deleted; so whatever kills the process,
-the index on disk names a complete, consistent set of shards (old or new).
+summary with the index last, and only then the shards it no longer names are deleted; so whatever
+kills the process, the index on disk names a complete, consistent set of shards (old or new).
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-from sa3mlx.runtime.io import atomic_path, remove_stale, sha256_file
+from sa3mlx.runtime.io import atomic_path, remove_stale, save_json, sha256_file
 
 LAYOUTS = ("files", "shards", "auto")
 SHARDS_DIR = "shards"
-INDEX_FILE = "index.json"
+INDEX_KEY = "shard_index"  # the key of the summary file that holds the index
+NORMALIZE_REPORT = "report.json"  # the summary file of data/normalized (normalize's census)
+ENCODE_DETAILS = "details.json"  # the summary file of data/latents (underfit's details + ours)
 SHARD_COUNT = 256  # hash buckets per folder: at 100,000 clips about 390 clips a shard
 AUTO_SHARDS_ABOVE = 2000  # `auto`: shards above this many clips (a no-op `dvc status` of `files` passes 2 s there)
 INDEX_FORMAT = 1
@@ -129,47 +133,55 @@ class Tree:
         return self.spans[name].read()
 
 
-def is_sharded(root: str | os.PathLike) -> bool:
-    return (Path(root) / INDEX_FILE).is_file()
+def read_summary(path: Path) -> dict | None:
+    """A folder's summary file as a dict (None if absent); unreadable is an error naming the fix."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: unreadable ({e}); run `dvc checkout {path.parent}` (or the stage again)") from None
+    return data if isinstance(data, dict) else None
 
 
-def open_tree(root: str | os.PathLike, summaries: tuple[str, ...] = ()) -> Tree:
-    """The members under `root`: from its index (shards) or its files (`summaries`: root files that
-    are not members; hidden names skipped)."""
+def open_tree(root: str | os.PathLike, summary: str | None = None) -> Tree:
+    """The members under `root`: from the index in its `summary` file (shards), else its files (all
+    but the summary; hidden names skipped)."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: folder not found")
-    if is_sharded(root):
-        return Tree(root, read_index(root / INDEX_FILE, lambda shard: root / shard), "shards")
+    found = read_summary(root / summary) if summary else None
+    if found is not None and INDEX_KEY in found:
+        return Tree(root, read_index(found[INDEX_KEY], root / summary, lambda shard: root / shard), "shards")
     spans = {}
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in files:
             path = Path(folder, name)
             rel = path.relative_to(root).as_posix()
-            if not name.startswith(".") and rel not in summaries:
+            if not name.startswith(".") and rel != summary:
                 spans[rel] = Span(path, 0, path.stat().st_size, str(path))
     return Tree(root, spans, "files")
 
 
-def read_index(index_path: Path, locate, check_sizes: bool = True) -> dict[str, Span]:
-    """The spans of an index; `locate(shard)` -> the shard file's path."""
-    fix = f"run `dvc checkout {index_path.parent}` (or the stage again)"
+def read_index(index: dict, where: Path, locate, check_sizes: bool = True) -> dict[str, Span]:
+    """The spans of an index (`where`: the file holding it); `locate(shard)` -> the shard file's path."""
+    fix = f"run `dvc checkout {where.parent}` (or the stage again)"
     try:
-        index = json.loads(index_path.read_text())
         shards, members = index["shards"], index["members"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{index_path}: unreadable shard index ({e}); {fix}") from None
-    paths = {shard: Path(locate(shard)) for shard in shards}
+        paths = {shard: Path(locate(shard)) for shard in shards}
+        spans = {
+            name: Span(paths[shard], offset, size, f"{paths[shard]}:{name}")
+            for name, (shard, offset, size) in members.items()
+        }
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{where}: unreadable shard index ({e}); {fix}") from None
     if check_sizes:
         for shard, size in shards.items():
             actual = paths[shard].stat().st_size if paths[shard].is_file() else None
             if actual != size:
-                raise ValueError(f"{paths[shard]}: {actual} bytes, its index says {size}; {fix}")
-    return {
-        name: Span(paths[shard], offset, size, f"{paths[shard]}:{name}")
-        for name, (shard, offset, size) in members.items()
-    }
+                raise ValueError(f"{paths[shard]}: {actual} bytes, the index in {where} says {size}; {fix}")
+    return spans
 
 
 class TreeWriter:
@@ -215,16 +227,19 @@ class TreeWriter:
                 span.copy_to(out)
         self.sources[name] = span
 
-    def finish(self, summaries: set[str]) -> None:
-        """Pack the shards (shards layout), then delete every file under root that is neither a
-        member, nor one of the `summaries` the caller writes itself, nor (shards) the shards + index."""
-        if self.layout == "files":
-            remove_stale(self.root, set(self.sources) | summaries)
-            return
-        index = self._write_shards()
-        save_index(self.root / INDEX_FILE, index)
+    def finish(self, summary_name: str, summary: dict) -> None:
+        """Pack the shards (shards layout), write the summary file (with the index), then delete
+        every file under root that is neither a member, nor the summary, nor a shard it names."""
+        keep = {summary_name}
+        if self.layout == "shards":
+            index = self._write_shards()
+            summary = {**summary, INDEX_KEY: index}
+            keep |= set(index["shards"])
+        else:
+            keep |= set(self.sources)
+        save_json(self.root / summary_name, summary)
         shutil.rmtree(self.root / STAGING_DIR, ignore_errors=True)
-        remove_stale(self.root, set(index["shards"]) | {INDEX_FILE} | summaries)
+        remove_stale(self.root, keep)
 
     def _write_shards(self) -> dict:
         groups: dict[str, list[str]] = {}
@@ -269,14 +284,9 @@ def write_tar(f, names: list[str], sources: dict[str, bytes | Span]) -> dict[str
     return placed
 
 
-def save_index(path: Path, index: dict) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(index, sort_keys=True, separators=(",", ":")) + "\n")
-
-
-def export_tree(root: str | os.PathLike, out: str | os.PathLike, summaries: tuple[str, ...] = ()) -> int:
+def export_tree(root: str | os.PathLike, out: str | os.PathLike, summary: str | None = None) -> int:
     """Write every member of `root` (either layout) as a plain file under `out`; returns how many."""
-    tree, out = open_tree(root, summaries), Path(out)
+    tree, out = open_tree(root, summary), Path(out)
     for name in tree.names():
         with atomic_path(out / name) as tmp, open(tmp, "wb") as f:
             tree.span(name).copy_to(f)
