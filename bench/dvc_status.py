@@ -43,12 +43,13 @@ sys.path.insert(0, str(ROOT))
 from sa3mlx.audio.normalize import REPORT_NAME  # noqa: E402
 from sa3mlx.audio.write import write_float_wav  # noqa: E402
 from sa3mlx.data.encode import DETAILS_FILE  # noqa: E402
+from sa3mlx.runtime.previous import locked_dir_md5  # noqa: E402
 from sa3mlx.runtime.shards import TreeWriter  # noqa: E402
 
 PROJECT = ("dvc.yaml", "params.yaml", "stages", "sa3mlx", "models/tiny-base", "models/tiny-arc")
 FOLDER_SIZE = 100  # clips per sub-folder of data/raw, like a corpus of albums or sessions
 CLIP_SAMPLES = 4410  # 0.1 s at 44.1 kHz: one latent after normalize
-SYNTHETIC_DVC_YAML = """stages:
+DATA_ONLY_DVC_YAML = """stages:
   normalize:
     cmd: "true"
     deps: [data/raw]
@@ -106,10 +107,34 @@ def remote_objects(remote: Path) -> set[str]:
     return {p.relative_to(remote).as_posix() for p in remote.rglob("*") if p.is_file()}
 
 
-def pushed(root: Path, remote: Path) -> list[str]:
+def pushed(root: Path, remote: Path) -> dict[str, list[str]]:
+    """`dvc push`; the objects it uploaded, by output folder (its files and its `.dir` listing)."""
     before = remote_objects(remote)
     sh(["dvc", "push", "-q"], root)
-    return sorted(remote_objects(remote) - before)
+    new = remote_objects(remote) - before
+    by_folder = {}
+    for folder in ("data/normalized", "data/latents"):
+        listing = locked_dir_md5(root, folder)
+        listing_object = f"files/md5/{listing[:2]}/{listing[2:]}"
+        entries = json.loads((remote / listing_object).read_text())
+        mine = {listing_object} | {f"files/md5/{e['md5'][:2]}/{e['md5'][2:]}" for e in entries}
+        by_folder[folder] = sorted(new & mine)
+        new -= mine
+    by_folder["other"] = sorted(new)
+    return by_folder
+
+
+def data_only_status(root: Path, repeats: int) -> list[float]:
+    """The stage-written folders moved into a repo whose stages are data-only (`true` commands, data deps):
+    what the layout itself costs, without the real pipeline's code and model dependencies."""
+    other = root.parent / "data-only"
+    other.mkdir()
+    init_repo(other)
+    shutil.move(root / "data", other / "data")
+    shutil.rmtree(other / "data" / "encode_cache", ignore_errors=True)
+    (other / "dvc.yaml").write_text(DATA_ONLY_DVC_YAML)
+    sh(["dvc", "commit", "-f", "-q"], other)
+    return timed(["dvc", "status"], other, repeats, no_op_status)
 
 
 def noise_clip(path: Path, seed: int) -> None:
@@ -157,9 +182,11 @@ def bench_real(clips: int, layout: str, repeats: int, log) -> dict:
         incremental = time.perf_counter() - start
         assert "normalize: 1 decoded and resampled" in out and ": 1 encoded," in out, out
         objects = pushed(root, remote)
+        data_only = data_only_status(root, repeats)
     return {
         "layout": layout,
         "files": tracked,
+        "data_only_status": data_only,
         "first_repro": first,
         "status": status,
         "repro": repro,
@@ -202,7 +229,7 @@ def bench_synthetic(count: int, repeats: int, log) -> dict:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(b"RIFF" + name.encode())
         write_synthetic(root, count)
-        (root / "dvc.yaml").write_text(SYNTHETIC_DVC_YAML)
+        (root / "dvc.yaml").write_text(DATA_ONLY_DVC_YAML)
         sh(["dvc", "commit", "-f", "-q"], root)
         log(f"shards, {count} synthetic clips: committed")
         status = timed(["dvc", "status"], root, repeats, no_op_status)
@@ -216,6 +243,33 @@ def bench_synthetic(count: int, repeats: int, log) -> dict:
 
 def spread(values: list[float]) -> str:
     return f"{min(values):.2f}/{statistics.median(values):.2f}/{max(values):.2f}"
+
+
+def per_folder(objects: dict[str, list[str]]) -> int:
+    return max(len(objects[folder]) for folder in ("data/normalized", "data/latents"))
+
+
+def report(tag: str, r: dict) -> dict:
+    """Print one layout's figures; its RESULT entries."""
+    objects = r["one_clip_objects"]
+    total = sum(len(v) for v in objects.values())
+    folders = ", ".join(f"{folder} {len(v)}" for folder, v in objects.items())
+    line = f"{tag:>12}: no-op status {spread(r['status'])} s"
+    if "data_only_status" in r:
+        line += f" (data-only {spread(r['data_only_status'])} s)"
+    line += f", no-op repro {spread(r['repro'])} s; one changed clip: {total} objects pushed ({folders})"
+    if "first_repro" in r:
+        line += f", its repro {r['one_clip_repro']:.1f} s (first run {r['first_repro']:.0f} s, {r['files']} files)"
+    print(line)
+    result = {
+        f"{tag}_status_s": round(statistics.median(r["status"]), 2),
+        f"{tag}_repro_s": round(statistics.median(r["repro"]), 2),
+        f"{tag}_one_clip_objects": total,
+        f"{tag}_one_clip_objects_per_folder": per_folder(objects),
+    }
+    if "data_only_status" in r:
+        result[f"{tag}_data_only_status_s"] = round(statistics.median(r["data_only_status"]), 2)
+    return result
 
 
 def main() -> None:
@@ -233,24 +287,11 @@ def main() -> None:
     result = {}
     for r in runs:
         clips = r.get("clips", args.clips)
-        tag = f"{r['layout']}_{clips // 1000}k"
-        objects = r["one_clip_objects"]
-        print(
-            f"{tag:>11}: no-op status {spread(r['status'])} s, no-op repro {spread(r['repro'])} s (min/median/max); "
-            f"one changed clip: {len(objects)} objects pushed"
-            + (
-                f", repro {r['one_clip_repro']:.1f} s (first run {r['first_repro']:.0f} s)"
-                if "first_repro" in r
-                else ""
-            )
-        )
-        print(f"{'':>13}{', '.join(objects)}")
-        result[f"{tag}_status_s"] = round(statistics.median(r["status"]), 2)
-        result[f"{tag}_repro_s"] = round(statistics.median(r["repro"]), 2)
-        result[f"{tag}_one_clip_objects"] = len(objects)
+        tag = f"{r['layout']}_{clips // 1000}k" if clips >= 1000 else f"{r['layout']}_{clips}"
+        result.update(report(tag, r))
     shards = next((r for r in runs if r["layout"] == "shards" and "clips" not in r), None)
-    if shards is not None:
-        result["one_clip_change_objects"] = len(shards["one_clip_objects"])
+    if shards is not None:  # per derived folder: its shard, its summary file, DVC's listing of it
+        result["one_clip_change_objects"] = per_folder(shards["one_clip_objects"])
     result["load_average"] = round(os.getloadavg()[0], 1)
     print("RESULT " + json.dumps(result, sort_keys=True))
 
