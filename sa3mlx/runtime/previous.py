@@ -51,10 +51,11 @@ def locked_dir_md5(root: Path, out: str) -> str | None:
     except (OSError, yaml.YAMLError):
         return None
     for stage in (lock.get("stages") or {}).values():
-        for entry in stage.get("outs") or []:
-            md5 = entry.get("md5", "") if isinstance(entry, dict) else ""
-            if entry.get("path") == out and entry.get("hash") == "md5" and md5.endswith(".dir"):
-                return md5
+        for entry in stage.get("outs") or [] if isinstance(stage, dict) else []:
+            if not isinstance(entry, dict) or entry.get("path") != out or entry.get("hash") != "md5":
+                continue
+            if str(entry.get("md5", "")).endswith(".dir"):
+                return entry["md5"]
     return None
 
 
