@@ -64,7 +64,7 @@ def random_batch(cfg, crop: int, objective: ObjectiveConfig, rng: np.random.Gene
 
 def small_step(depth: int | None, crop: int, rank: int, materialize: bool, compile: bool, repeats: int) -> dict:
     cfg = SIZES["small"] if depth is None else dataclasses.replace(SIZES["small"], depth=depth)
-    train = resolve(PRESET, {"adapter": {"rank": rank}})
+    train = resolve(PRESET, {"adapter": {"rank": rank}, "mask_padding_attention": True})  # as shipped SA3 configs
     mx.random.seed(0)
     dit, cond = DiT(cfg), Conditioner(cfg.cond_token_dim)
     cond.update({k: mx.random.normal(v.shape) * 0.02 for k, v in cond.parameters().items()})

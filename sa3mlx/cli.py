@@ -17,6 +17,7 @@ def _convert(args) -> int:
         same_dtype=args.same_dtype,
         t5gemma_dtype=args.t5gemma_dtype,
         allow_pickle=args.allow_pickle,
+        dit_only=args.dit_only,
     )
     manifest = convert_source(args.source, args.out_dir, options)
     for name, info in manifest["files"].items():
@@ -76,6 +77,82 @@ def _export(args) -> int:
     return 0
 
 
+def _config(args) -> int:
+    import json
+
+    from sa3mlx.runtime.params import stage_params
+    from sa3mlx.train.job import TrainJob
+
+    params = stage_params(args.stage, args.root)
+    model = params["model"]
+    job = TrainJob.from_params(params["train"], base=model["base"], root=args.root, arc=model["arc"])
+    print(json.dumps(job.resolved_config(), indent=2))
+    return 0
+
+
+def _generate(args) -> int:
+    from sa3mlx.sample.generate_files import GenerateJob, run_job
+
+    job = GenerateJob(**{k: v for k, v in vars(args).items() if k not in ("command", "run")})
+    run_job(job)
+    return 0
+
+
+def _default_model() -> str:
+    """models/converted/<model.base of ./params.yaml>, else the embedded tiny base."""
+    import yaml
+
+    from sa3mlx.runtime.layout import PARAMS_FILE, converted_dir
+
+    params = Path(PARAMS_FILE)
+    base = (yaml.safe_load(params.read_text()) or {}).get("model", {}).get("base") if params.is_file() else None
+    return str(converted_dir(base or "tiny-base"))
+
+
+def _add_generate(sub) -> None:
+    gen = sub.add_parser(
+        "generate",
+        help="render a prompt (text, audio-to-audio, inpainting) with any adapters, as the official generate",
+        description="Official StableAudioModel.generate semantics; see docs/generate.md for the quirks kept.",
+    )
+    gen.add_argument("prompt", help="text prompt ('' for unconditional)")
+    gen.add_argument("--model", default=None, help="converted model folder (default models/converted/<model.base>)")
+    gen.add_argument(
+        "--lora", dest="adapters", action="append", default=[], metavar="FILE[:STRENGTH]", help="adapter (repeat)"
+    )
+    gen.add_argument("--seconds", type=float, default=30.0, help="seconds_total, and the output length")
+    gen.add_argument("--steps", type=int, default=None, help="sampler steps (default 50 base, 8 ARC)")
+    gen.add_argument("--cfg", type=float, default=None, help="guidance scale (default 7 base, 1 ARC)")
+    gen.add_argument("--apg", type=float, default=1.0, help="APG scale with cfg != 1: 1 APG, 0 vanilla CFG")
+    gen.add_argument("--negative-prompt", "--negative", dest="negative_prompt", default=None)
+    gen.add_argument("--seed", type=int, default=None, help="default: random (printed and in the sidecar)")
+    gen.add_argument("--init-audio", default=None, metavar="FILE", help="audio-to-audio source (any format)")
+    gen.add_argument(
+        "--init-noise-level", type=float, default=1.0, help="sigma_max with --init-audio (official default 1)"
+    )
+    gen.add_argument("--inpaint-audio", default=None, metavar="FILE", help="audio kept outside --inpaint-range")
+    gen.add_argument(
+        "--inpaint-range",
+        dest="inpaint_ranges",
+        action="append",
+        default=[],
+        metavar="START:END",
+        help="seconds to regenerate (repeat)",
+    )
+    gen.add_argument(
+        "--lora-interval-max", type=float, default=None, metavar="SIGMA", help="adapters off while sigma > SIGMA"
+    )
+    gen.add_argument(
+        "--monotonic-schedule",
+        action="store_true",
+        help="fix: shift linspace(1, 0) and scale by sigma_max (official: the a2a schedule first rises)",
+    )
+    gen.add_argument("--svd-dir", default=None, help="svd stage output, for -xs adapters")
+    gen.add_argument("--no-compile", dest="compile", action="store_false", help="do not mx.compile the DiT call")
+    gen.add_argument("--out", default=None, metavar="FILE", help=".mp3 (default), .wav or .flac; sidecar FILE.json")
+    gen.set_defaults(run=_generate)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sa3mlx", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -89,6 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument(
         "--allow-pickle", action="store_true", help="read .ckpt/.pt files (runs pickle; needs torch; weights-only load)"
     )
+    conv.add_argument(
+        "--dit-only",
+        action="store_true",
+        help="a lone checkpoint file without model_config.json: write its DiT alone (no codec, no text encoder)",
+    )
     conv.set_defaults(run=_convert)
 
     par = sub.add_parser(
@@ -98,6 +180,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     par.add_argument("words", nargs="+", metavar="ARG")
     par.set_defaults(run=_parity)
+
+    config = sub.add_parser(
+        "config", help="a stage's fully resolved configuration as JSON (preset + params + model config)"
+    )
+    config.add_argument("stage", choices=("train",))
+    config.add_argument("--root", default=".", help="the project folder (params.yaml, dvc.yaml)")
+    config.set_defaults(run=_config)
 
     lora = sub.add_parser("lora", help="adapter files").add_subparsers(dest="lora_command", required=True)
     val = lora.add_parser("validate", help="check an adapter file against underfit's upload contract")
@@ -123,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     merge.add_argument("--out", required=True, help="merged .npz")
     merge.set_defaults(run=_lora_merge)
+    _add_generate(sub)
 
     export = sub.add_parser(
         "export", help="a stage's data folder (either layout) as plain files: the underfit npy + json tree"
@@ -139,12 +229,16 @@ def main(argv: list[str] | None = None) -> int:
     from sa3mlx.lora.layers import LoRAShapeError
     from sa3mlx.models.config import ConfigError
     from sa3mlx.parity.registry import ParityError
+    from sa3mlx.sample.generate import GenerateError
 
     args = build_parser().parse_args(argv)
+    if args.command == "generate" and args.model is None:
+        args.model = _default_model()
     try:
         return args.run(args)
-    except (CheckpointError, ConfigError, ParityError, FileNotFoundError, LoRAShapeError) as e:
-        print(f"sa3mlx {args.command}: error: {e}", file=sys.stderr)
+    except (CheckpointError, ConfigError, ParityError, FileNotFoundError, LoRAShapeError, GenerateError) as e:
+        message = " ".join(str(e).split())  # one line
+        print(f"sa3mlx {args.command}: error: {message}", file=sys.stderr)
         return 2
 
 

@@ -119,11 +119,17 @@ def _fit_mask(mask: np.ndarray, length: int) -> np.ndarray:
 
 class PreEncodedDataset:
     def __init__(
-        self, root: str | Path, crop_length: int | None, random_crop: bool = True, prompts: PromptTemplate | None = None
+        self,
+        root: str | Path,
+        crop_length: int | None,
+        random_crop: bool = True,
+        prompts: PromptTemplate | None = None,
+        files: list[LatentFile] | None = None,
     ):
+        """`files`: these pairs of `root` only (e.g. a train / validation split); None: every pair."""
         self.root = Path(root)
         tree = open_tree(self.root, ENCODE_DETAILS)
-        self.files = find_latents(tree)
+        self.files = find_latents(tree) if files is None else list(files)
         self.silence = load_silence(tree)
         self.crop_length = crop_length
         self.random_crop = random_crop

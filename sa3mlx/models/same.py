@@ -25,6 +25,7 @@ from mlx.utils import tree_flatten
 from sa3mlx.models.config import AutoencoderConfig, ModelConfig, SameConfig
 from sa3mlx.models.patching import patchify, unpatchify
 from sa3mlx.models.same_layers import SameBlock
+from sa3mlx.runtime.layout import MODEL_CONFIG_FILE
 
 NOISE_REGULARIZE_EVAL = 1e-3  # official SoftNorm decode noise scale in eval mode
 
@@ -80,10 +81,12 @@ class ResamplingBlock(nn.Module):
             return cfg.stride if self.banded else cfg.chunk_size
         return 1 if self.banded else cfg.chunk_size // cfg.stride
 
-    def _tokens(self, shape: tuple[int, ...]) -> mx.array:
+    def _tokens(self, shape: tuple[int, ...], noise: mx.array | None = None) -> mx.array:
+        """The learned tokens, plus mask_noise · N(0, I) (drawn here unless `noise` gives the draw)."""
         tokens = mx.broadcast_to(self.new_tokens[:, None], shape)
         if self.mask_noise > 0:
-            tokens = tokens + mx.random.normal(shape) * self.mask_noise
+            draw = mx.random.normal(shape) if noise is None else noise.reshape(shape)
+            tokens = tokens + draw * self.mask_noise
         return tokens
 
     def encode(self, patches: mx.array) -> mx.array:
@@ -96,12 +99,13 @@ class ResamplingBlock(nn.Module):
         x = self.run_blocks(x.reshape(B, -1, D))
         return x.reshape(B, L // s, s + 1, D)[:, :, -1]
 
-    def decode(self, x: mx.array) -> mx.array:
-        """[B, T, D] -> [B, T' * stride, io], T' = T padded to pad_modulo."""
+    def decode(self, x: mx.array, token_noise: mx.array | None = None) -> mx.array:
+        """[B, T, D] -> [B, T' * stride, io], T' = T padded to pad_modulo; `token_noise`
+        [B·T', stride, D] replaces the mask-noise draw (the official layout of the draw)."""
         x = pad_sequence(x, self.pad_modulo)
         B, T, D = x.shape
         s = self.cfg.stride
-        x = mx.concatenate([x[:, :, None], self._tokens((B, T, s, D))], axis=2)
+        x = mx.concatenate([x[:, :, None], self._tokens((B, T, s, D), token_noise)], axis=2)
         x = self.run_blocks(x.reshape(B, -1, D))
         return self.mapping(x.reshape(B, T, s + 1, D)[:, :, 1:].reshape(B, T * s, D))
 
@@ -144,10 +148,12 @@ class SoftNorm(nn.Module):
     def encode(self, x: mx.array) -> mx.array:
         return (x * self.scaling_factor + self.bias) / self.running_std
 
-    def decode(self, x: mx.array, noise: bool = False) -> mx.array:
+    def decode(self, x: mx.array, noise: bool = False, draw: mx.array | None = None) -> mx.array:
+        """x · running_std (+ N(0, I) · running_std · 1e-3 with `noise`; `draw` gives that draw)."""
         x = x * self.running_std
         if noise:
-            x = x + mx.random.normal(x.shape) * self.running_std * NOISE_REGULARIZE_EVAL
+            draw = mx.random.normal(x.shape) if draw is None else draw.astype(x.dtype)
+            x = x + draw * self.running_std * NOISE_REGULARIZE_EVAL
         return x
 
 
@@ -212,15 +218,19 @@ class SameDecoder(nn.Module):
     def latent_modulo(self) -> int:
         return self.layers[3].pad_modulo
 
-    def __call__(self, latents: mx.array) -> mx.array:
-        x = self.bottleneck.decode(latents.astype(mx.float32), self.noise_regularize)
+    def __call__(
+        self, latents: mx.array, bottleneck_noise: mx.array | None = None, token_noise: mx.array | None = None
+    ) -> mx.array:
+        """The noise arguments, when given, are the draws of the eval-mode noise (used only where
+        the codec has noise_regularize / mask_noise), so a caller can seed or replay them."""
+        x = self.bottleneck.decode(latents.astype(mx.float32), self.noise_regularize, bottleneck_noise)
         x = self.layers[1](x.transpose(0, 2, 1))
-        return unpatchify(self.layers[3].decode(x), self.cfg.audio_channels)
+        return unpatchify(self.layers[3].decode(x, token_noise), self.cfg.audio_channels)
 
 
 def autoencoder_config(folder: str | Path) -> AutoencoderConfig:
     """The codec config from a folder's model_config.json (an SA3 model or a standalone SAME repo)."""
-    path = Path(folder) / "model_config.json"
+    path = Path(folder) / MODEL_CONFIG_FILE
     data = json.loads(path.read_text())
     if data.get("model_type") == "autoencoder":
         return AutoencoderConfig.from_standalone(data)

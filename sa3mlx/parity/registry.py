@@ -14,6 +14,7 @@ THRESHOLDS_DB = {
     "same": 60.0,
     "lora": 85.0,
     "train_step": 60.0,
+    "generate": 75.0,
 }
 # kind -> the fixture folders it recomputes (under tests/fixtures/ by default)
 FOLDERS = {
@@ -24,6 +25,7 @@ FOLDERS = {
     "same": ("same",),
     "lora": ("lora",),
     "train_step": ("train_step",),
+    "generate": ("generate",),
 }
 # runner(fixture) -> {expected file name: {key: array or JSON value}}
 RUNNERS: dict[str, Callable] = {}

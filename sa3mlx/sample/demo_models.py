@@ -36,10 +36,10 @@ from sa3mlx.models.conditioning import Conditioner, build_dit, load_dit
 from sa3mlx.models.config import ModelConfig
 from sa3mlx.models.dit import DiT
 from sa3mlx.models.prompt import PromptEncoder, weights_id
-from sa3mlx.models.same import SameDecoder, load_same_decoder
+from sa3mlx.models.same import SameDecoder, SameEncoder, load_same_decoder, load_same_encoder
+from sa3mlx.runtime.layout import DIT_FILE, MODEL_CONFIG_FILE, SAME_DECODER_FILE, SAME_ENCODER_FILE
 from sa3mlx.sample.demo_entries import AdapterRef
 
-DIT_FILE, DECODER_FILE, CONFIG_FILE = "dit.npz", "same_decoder.npz", "model_config.json"
 ADAPTER_ERRORS = (LoRAShapeError, CheckpointError, KeyError, ValueError)
 
 
@@ -81,8 +81,8 @@ class DemoModels:
     ):
         self.base_dir, self.arc_dir = Path(base_dir), Path(arc_dir) if arc_dir else None
         self.svd_dir = Path(svd_dir) if svd_dir else None
-        self.base_config = ModelConfig.load(self.base_dir / CONFIG_FILE)
-        self.arc_config = ModelConfig.load(self.arc_dir / CONFIG_FILE) if self.arc_dir else None
+        self.base_config = ModelConfig.load(self.base_dir / MODEL_CONFIG_FILE)
+        self.arc_config = ModelConfig.load(self.arc_dir / MODEL_CONFIG_FILE) if self.arc_dir else None
         self.say = say
         self._given_live = live
         self.release()
@@ -94,7 +94,8 @@ class DemoModels:
         self._merged: dict[tuple, tuple[DiT, Conditioner] | str] = {}
         self._arrays: dict[str, dict[str, np.ndarray]] = {}
         self._prompts: dict[str, PromptEncoder] = {}
-        self._decoders: dict[str, SameDecoder] = {}
+        self._decoders: dict[tuple[str, bool], SameDecoder] = {}
+        self._encoders: dict[str, SameEncoder] = {}
         self._bases = None
         gc.collect()
         mx.clear_cache()
@@ -118,13 +119,26 @@ class DemoModels:
             self._prompts[key] = PromptEncoder.from_converted(folder)
         return self._prompts[key]
 
-    def decoder(self, arc: bool = False) -> SameDecoder:
-        """The folder's SAME decoder (fp32); one instance per distinct weight file."""
-        path = self.folder(arc) / DECODER_FILE
-        key = weights_id(path)
+    def decoder(self, arc: bool = False, official_noise: bool = False) -> SameDecoder:
+        """The folder's SAME decoder (fp32); one instance per distinct weight file. With
+        `official_noise` it draws the eval-mode noise the official decode draws (bottleneck
+        noise_regularize, decoder mask_noise, as the model config sets them)."""
+        path = self.folder(arc) / SAME_DECODER_FILE
+        key = (weights_id(path), official_noise)
         if key not in self._decoders:
-            self._decoders[key] = load_same_decoder(path)
+            codec = self.config(arc).autoencoder
+            noise = {"mask_noise": codec.decoder.mask_noise, "noise_regularize": codec.noise_regularize}
+            self._decoders[key] = load_same_decoder(path, **(noise if official_noise else {}))
         return self._decoders[key]
+
+    def encoder(self, arc: bool = False) -> SameEncoder:
+        """The folder's SAME encoder (fp32; its mask_noise, 0 in SA3, as the config sets it)."""
+        path = self.folder(arc) / SAME_ENCODER_FILE
+        key = weights_id(path)
+        if key not in self._encoders:
+            noise = self.config(arc).autoencoder.encoder.mask_noise
+            self._encoders[key] = load_same_encoder(path, mask_noise=noise)
+        return self._encoders[key]
 
     # -- DiTs ---------------------------------------------------------------------------------------
     def renderable(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,20 +121,84 @@ def run_sampler(
     raise ValueError(f"unknown demo sampler '{sampler}' (euler, pingpong)")
 
 
+def prompt_conditioning(
+    models: DemoModels,
+    renderable: Renderable,
+    arc: bool,
+    prompt: str,
+    seconds: float,
+    negative_prompt: str | None = None,
+    cfg: float = 1.0,
+    local: mx.array | None = None,
+) -> tuple[DiTInputs, mx.array | None, mx.array | None]:
+    """(inputs, negative tokens, negative mask) from the family's prompt encoder; the negative
+    prompt is encoded only where guidance uses it (cfg != 1)."""
+    cond = renderable.conditioner
+    encoder = models.prompt_encoder(arc)
+    hidden, mask = encoder([prompt])
+    inputs = cond.assemble(hidden, mask, [seconds], local)
+    if not negative_prompt or cfg == 1.0:
+        return inputs, None, None
+    neg_hidden, neg_mask = encoder([negative_prompt])
+    negative = cond.assemble(neg_hidden, neg_mask, [seconds])
+    return inputs, negative.cross_attn_cond, negative.cross_attn_mask
+
+
 def conditioning(
     models: DemoModels, renderable: Renderable, entry: DemoEntry, latents: int
 ) -> tuple[DiTInputs, mx.array | None, mx.array | None]:
-    """(inputs, negative tokens, negative mask) for one demo, from the family's prompt encoder."""
-    cond, channels = renderable.conditioner, renderable.dit.config.io_channels
-    encoder = models.prompt_encoder(entry.arc)
+    """(inputs, negative tokens, negative mask) for one demo (text to audio: zero local conditioning)."""
+    channels = renderable.dit.config.io_channels
     local = text_to_audio_local(1, channels, latents) if renderable.dit.config.local_add_cond_dim else None
-    hidden, mask = encoder([entry.prompt])
-    inputs = cond.assemble(hidden, mask, [entry.seconds], local)
-    if not entry.negative_prompt or entry.cfg == 1.0:
-        return inputs, None, None
-    neg_hidden, neg_mask = encoder([entry.negative_prompt])
-    negative = cond.assemble(neg_hidden, neg_mask, [entry.seconds])
-    return inputs, negative.cross_attn_cond, negative.cross_attn_mask
+    return prompt_conditioning(
+        models, renderable, entry.arc, entry.prompt, entry.seconds, entry.negative_prompt, entry.cfg, local
+    )
+
+
+@dataclass(frozen=True)
+class Guidance:
+    """How the velocity of one render is guided (CFG scale, APG scale, negative tokens, sigma interval)."""
+
+    cfg: float = 1.0
+    apg_scale: float = 1.0
+    negative: mx.array | None = None
+    negative_mask: mx.array | None = None
+    interval_max: float | None = None  # adapters off while sigma > this
+    padding_mask: mx.array | None = None  # [B, T] True = real frames (None: every frame)
+
+
+def guided_velocity(
+    renderable: Renderable, plain: Renderable | None, inputs: DiTInputs, guidance: Guidance
+) -> Velocity:
+    """The render's velocity: `renderable`'s DiT guided, and with a sigma interval the plain
+    model (live adapters at 0, or the `plain` DiT) while sigma > interval_max."""
+    g = guidance
+
+    def guided_by(dit) -> GuidedVelocity:
+        return GuidedVelocity(dit, inputs, g.cfg, g.apg_scale, g.negative, g.negative_mask, padding_mask=g.padding_mask)
+
+    guided = guided_by(renderable.dit)
+    live = renderable.live
+    if g.interval_max is not None and live is not None:
+        adapted = live_velocity(renderable, guided, renderable.strength)
+        return interval_velocity(adapted, live_velocity(renderable, guided, 0.0), g.interval_max)
+    if g.interval_max is not None and plain is not None:
+        return interval_velocity(guided, guided_by(plain.dit), g.interval_max)
+    return guided
+
+
+@contextmanager
+def adapter_strength(renderable: Renderable):
+    """Live adapters at the renderable's strength for the block, then back as found."""
+    live = renderable.live
+    found = {name: layer.strength for name, layer in live.layers.items()} if live is not None else {}
+    if live is not None:
+        live.set_strength(renderable.strength)  # DiT and conditioner, as set_lora_strength
+    try:
+        yield
+    finally:
+        for name, strength in found.items():  # back as found (a trainer's adapters: 1.0, as underfit)
+            live.layers[name].strength = strength
 
 
 def demo_latents(
@@ -141,39 +206,15 @@ def demo_latents(
 ) -> mx.array:
     """Sample one demo's latents [1, C, latents] (seeded noise: baseline and adapter share it)."""
     config = models.config(entry.arc)
-    live = renderable.live
-    found = {name: layer.strength for name, layer in live.layers.items()} if live is not None else {}
-    if live is not None:
-        live.set_strength(renderable.strength)  # DiT and conditioner, as set_lora_strength
-    try:
+    with adapter_strength(renderable):
         inputs, negative, negative_mask = conditioning(models, renderable, entry, latents)
-        guided = GuidedVelocity(
-            renderable.dit,
-            inputs,
-            cfg_scale=entry.cfg,
-            apg_scale=1.0 if entry.apg else 0.0,
-            negative_cross_attn_cond=negative,
-            negative_mask=negative_mask,
-        )
-        velocity: Velocity = guided
         interval = None if entry.arc else entry.lora_interval_max
-        if interval is not None and live is not None:
-            velocity = interval_velocity(
-                live_velocity(renderable, guided, renderable.strength), live_velocity(renderable, guided, 0.0), interval
-            )
-        elif interval is not None and plain is not None:
-            velocity = interval_velocity(
-                guided,
-                GuidedVelocity(plain.dit, inputs, entry.cfg, guided.apg_scale, negative, negative_mask),
-                interval,
-            )
+        guidance = Guidance(entry.cfg, 1.0 if entry.apg else 0.0, negative, negative_mask, interval)
+        velocity = guided_velocity(renderable, plain, inputs, guidance)
         init_key, step_key = mx.random.split(mx.random.key(entry.seed))
         x_init = mx.random.normal((1, renderable.dit.config.io_channels, latents), key=init_key)
         sigmas = demo_schedule(entry, config, latents)
         return run_sampler(velocity, x_init, sigmas, entry.sampler, seeded_noise(step_key, entry.steps))
-    finally:
-        for name, strength in found.items():  # back as found (a trainer's adapters: 1.0, as underfit)
-            live.layers[name].strength = strength
 
 
 def decode_audio(models: DemoModels, latents: mx.array, arc: bool, keep: int, options: RenderOptions) -> np.ndarray:

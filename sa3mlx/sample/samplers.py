@@ -18,28 +18,43 @@ import numpy as np
 from sa3mlx.models.conditioning import DiTInputs, negative_tokens, unconditional_tokens
 
 APG_EPS = 1e-12  # F.normalize eps
+APG_MASKED_EPS = 1e-8  # the clamp of the official projection over the valid frames only
 SAMPLERS = {"rectified_flow": "euler", "rf_denoiser": "pingpong"}  # default sampler per objective
 
 
-def apg_project(diff: mx.array, direction: mx.array) -> tuple[mx.array, mx.array]:
-    """(parallel, orthogonal) parts of diff w.r.t. direction, per sample over (C, T), in fp32."""
+def apg_project(diff: mx.array, direction: mx.array, padding_mask: mx.array | None = None) -> tuple[mx.array, mx.array]:
+    """(parallel, orthogonal) parts of diff w.r.t. direction, per sample over (C, T), in fp32.
+
+    With padding_mask [B,T] (True = valid) only valid frames define the direction, the norm is
+    clamped at 1e-8 instead of 1e-12, and the orthogonal part is zero at padded frames (official).
+    """
     dtype = diff.dtype
     diff, direction = diff.astype(mx.float32), direction.astype(mx.float32)
+    mask = None if padding_mask is None else padding_mask.astype(mx.float32)[:, None, :]
+    if mask is not None:
+        direction = direction * mask
     norm = mx.sqrt(mx.sum(direction * direction, axis=(1, 2), keepdims=True))
-    unit = direction / mx.maximum(norm, APG_EPS)
+    unit = direction / mx.maximum(norm, APG_EPS if mask is None else APG_MASKED_EPS)
     parallel = mx.sum(diff * unit, axis=(1, 2), keepdims=True) * unit
-    return parallel.astype(dtype), (diff - parallel).astype(dtype)
+    orthogonal = diff - parallel if mask is None else (diff - parallel) * mask
+    return parallel.astype(dtype), orthogonal.astype(dtype)
 
 
 def guide(
-    x: mx.array, t: mx.array, v_cond: mx.array, v_uncond: mx.array, cfg_scale: float, apg_scale: float = 1.0
+    x: mx.array,
+    t: mx.array,
+    v_cond: mx.array,
+    v_uncond: mx.array,
+    cfg_scale: float,
+    apg_scale: float = 1.0,
+    padding_mask: mx.array | None = None,
 ) -> mx.array:
     """Guided velocity from the conditional and unconditional velocities."""
     sigma = t.astype(x.dtype)[:, None, None]
     d_cond, d_uncond = x - v_cond * sigma, x - v_uncond * sigma
     diff = d_cond - d_uncond
     if apg_scale != 0.0:
-        _, orthogonal = apg_project(diff, d_cond)
+        _, orthogonal = apg_project(diff, d_cond, padding_mask)
         diff = orthogonal if apg_scale == 1.0 else apg_scale * orthogonal + (1 - apg_scale) * diff
     return (x - (d_cond + (cfg_scale - 1) * diff)) / sigma
 
@@ -51,6 +66,7 @@ class GuidedVelocity:
     The unconditional branch uses zero cross-attention tokens, or `negative_cross_attn_cond`
     (tokens where `negative_mask` is false zeroed), and the same global and local conditioning.
     Guidance is applied iff cfg_interval[0] <= t[0] <= cfg_interval[1], as torch tests t[0] only.
+    `padding_mask` [B,T] (True = real frames) goes to the DiT (value-zeroed padding) and to APG.
     """
 
     dit: Callable
@@ -60,19 +76,26 @@ class GuidedVelocity:
     negative_cross_attn_cond: mx.array | None = None
     negative_mask: mx.array | None = None
     cfg_interval: tuple[float, float] = (0.0, 1.0)
+    padding_mask: mx.array | None = None
+
+    def _call_dit(self, batch: int, *arrays: mx.array) -> mx.array:
+        if self.padding_mask is None:
+            return self.dit(*arrays)
+        return self.dit(*arrays, padding_mask=mx.concatenate([self.padding_mask] * batch))
 
     def __call__(self, x: mx.array, t: mx.array) -> mx.array:
         c = self.inputs
         t0 = float(t[0].item())
         if self.cfg_scale == 1.0 or not (self.cfg_interval[0] <= t0 <= self.cfg_interval[1]):
-            return self.dit(x, t, c.cross_attn_cond, c.global_cond, c.local_add_cond)
+            return self._call_dit(1, x, t, c.cross_attn_cond, c.global_cond, c.local_add_cond)
         uncond = (
             unconditional_tokens(c.cross_attn_cond)
             if self.negative_cross_attn_cond is None
             else negative_tokens(self.negative_cross_attn_cond, self.negative_mask)
         )
         local = None if c.local_add_cond is None else mx.concatenate([c.local_add_cond] * 2)
-        v = self.dit(
+        v = self._call_dit(
+            2,
             mx.concatenate([x, x]),
             mx.concatenate([t, t]),
             mx.concatenate([c.cross_attn_cond, uncond.astype(c.cross_attn_cond.dtype)]),
@@ -80,7 +103,7 @@ class GuidedVelocity:
             local,
         )
         v_cond, v_uncond = mx.split(v, 2)
-        return guide(x, t, v_cond, v_uncond, self.cfg_scale, self.apg_scale)
+        return guide(x, t, v_cond, v_uncond, self.cfg_scale, self.apg_scale, self.padding_mask)
 
 
 def _step_times(sigmas, i: int, batch: int, dtype) -> tuple[mx.array, mx.array]:

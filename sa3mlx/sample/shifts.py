@@ -51,7 +51,7 @@ class LogSNRShift:
                 grid_t, start = t[None, :], start[:, None]
             span = (np.float32(self.logsnr_end) - start).astype(np.float32)
         logsnr = np.float32(self.logsnr_end) - grid_t * span
-        out = sigmoid_f32(-logsnr)
+        out = sigmoid_rounded_exp_f32(-logsnr)
         out = np.where(t <= 0, np.float32(0), out)  # exact endpoints
         return np.where(t >= 1, np.float32(1), out).astype(np.float32)
 
@@ -60,6 +60,14 @@ def sigmoid_f32(x) -> np.ndarray:
     x = np.asarray(x, F32)
     with np.errstate(over="ignore"):
         return (F32(1) / (F32(1) + np.exp(-x))).astype(F32)
+
+
+def sigmoid_rounded_exp_f32(x) -> np.ndarray:
+    """1/(1 + exp(−x)) in fp32 with exp correctly rounded to fp32 (numpy's fp32 exp is not): torch's
+    values where numpy's are an ulp off (e.g. t = 0.35 of an init-audio schedule; FIXTURES §generate)."""
+    x = np.asarray(x, F32)
+    with np.errstate(over="ignore"):
+        return (F32(1) / (F32(1) + np.exp(-x.astype(np.float64)).astype(F32))).astype(F32)
 
 
 SA3_SAMPLING_SHIFT = LogSNRShift(anchor_length=2000, anchor_logsnr=-6.2, rate=0.0, logsnr_end=2.0)
