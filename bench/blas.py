@@ -18,10 +18,12 @@ import subprocess
 import sys
 import time
 
+import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
+
+# isort: split
 import mlx.core as mx
 import numpy as np
 
-import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 from sa3mlx.runtime import blas
 
 TARGET_RATIO = 0.8

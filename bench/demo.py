@@ -17,12 +17,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
+
+# isort: split
 import mlx.core as mx
 import numpy as np
 from dit import PROMPT_TOKENS, SIZES  # bench/dit.py: the official DiT sizes
 from same import SAME_S, randomize  # bench/same.py: the SAME-S codec config, random init
 
-import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 from sa3mlx.models.conditioning import DiTInputs
 from sa3mlx.models.config import AutoencoderConfig
 from sa3mlx.models.dit import DiT

@@ -14,10 +14,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
+
+# isort: split
 import mlx.core as mx
 from blas import median_seconds, mlx_gemm  # bench/blas.py: shared GEMM measurement and timing
 
-import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 from sa3mlx.models.config import DiTConfig
 from sa3mlx.models.dit import DiT
 

@@ -18,12 +18,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
+
+# isort: split
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 from same import SAME_S, SAMPLE_RATE, randomize  # bench/same.py builds the SAME-S codec
 
-import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 from sa3mlx.audio.write import write_float_wav
 from sa3mlx.data.encode import Codec, EncodeOptions, encode_dir
 from sa3mlx.models.config import AutoencoderConfig

@@ -14,11 +14,13 @@ from __future__ import annotations
 import argparse
 import time
 
+import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
+
+# isort: split
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_map_with_path
 
-import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 from sa3mlx.models.config import AutoencoderConfig
 from sa3mlx.models.same import SameDecoder, SameEncoder
 from sa3mlx.models.same_chunked import decode_long, encode_long

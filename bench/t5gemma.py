@@ -12,11 +12,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
+
+# isort: split
 import mlx.core as mx
 import numpy as np
 from blas import median_seconds  # bench/blas.py: the shared timing helper
 
-import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 from sa3mlx.convert.t5gemma import t5gemma_shapes
 from sa3mlx.models.config import T5GemmaConfig
 from sa3mlx.models.prompt import PromptEncoder

@@ -22,12 +22,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
+
+# isort: split
 import mlx.core as mx
 import numpy as np
 from blas import mlx_gemm  # bench/blas.py: the GEMM measurement, shared
 from dit import PROMPT_TOKENS, SIZES, matmul_flops  # bench/dit.py: the small-music config and FLOP count
 
-import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 from sa3mlx.convert.model import convert_source
 from sa3mlx.lora.inject import inject_adapters
 from sa3mlx.models.conditioning import Conditioner

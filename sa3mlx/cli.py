@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import sa3mlx  # noqa: F401  (BLAS set-up before anything imports mlx)
+from sa3mlx.runtime.errors import UserError, guarded
 
 
 def _convert(args) -> int:
@@ -68,13 +69,15 @@ def _export(args) -> int:
         args.what
     ]
     source = args.source or folder
-    try:
-        count = export_tree(source, args.out_dir, summary)
-    except ValueError as e:  # a damaged shard or index: the message names it and the fix
-        print(f"sa3mlx export: error: {e}", file=sys.stderr)
-        return 2
+    count = export_tree(source, args.out_dir, summary)  # a damaged shard or index: an ArtifactError naming it
     print(f"{source} -> {args.out_dir}: {count} files")
     return 0
+
+
+def _doctor(args) -> int:
+    from sa3mlx.doctor import main as doctor_main
+
+    return doctor_main()
 
 
 def _config(args) -> int:
@@ -157,6 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sa3mlx", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
+    doctor = sub.add_parser(
+        "doctor", help="check params.yaml, the model folders and data/raw before `dvc repro` (run in the project)"
+    )
+    doctor.set_defaults(run=_doctor)
+
     conv = sub.add_parser("convert", help="torch SA3/SAME/T5Gemma checkpoint -> MLX npz files")
     conv.add_argument("source", help="HF model folder (model_config.json + model.safetensors) or a checkpoint file")
     conv.add_argument("out_dir")
@@ -225,21 +233,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sa3mlx.convert.checkpoint import CheckpointError
-    from sa3mlx.lora.layers import LoRAShapeError
-    from sa3mlx.models.config import ConfigError
-    from sa3mlx.parity.registry import ParityError
-    from sa3mlx.sample.generate import GenerateError
-
+    """Run a subcommand: a user error is one `sa3mlx: <command>: <message>` line and status 2."""
     args = build_parser().parse_args(argv)
     if args.command == "generate" and args.model is None:
         args.model = _default_model()
+    return guarded(args.command, lambda: _run_reporting_user_errors(args))
+
+
+def _run_reporting_user_errors(args) -> int:
+    from sa3mlx.parity.registry import ParityError
+
     try:
         return args.run(args)
-    except (CheckpointError, ConfigError, ParityError, FileNotFoundError, LoRAShapeError, GenerateError) as e:
-        message = " ".join(str(e).split())  # one line
-        print(f"sa3mlx {args.command}: error: {message}", file=sys.stderr)
-        return 2
+    except FileNotFoundError as e:
+        raise UserError(f"{e.filename or e}: no such file or folder") from e
+    except ParityError as e:
+        raise UserError(str(e)) from e
 
 
 if __name__ == "__main__":

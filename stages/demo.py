@@ -11,8 +11,10 @@ from pathlib import Path
 
 import sa3mlx  # noqa: F401  (BLAS set-up first, as in every stage)
 from sa3mlx.lora.checkpoint import read_lora
+from sa3mlx.runtime.errors import UserError, run_stage
 from sa3mlx.runtime.params import stage_params
-from sa3mlx.sample.demo_entries import parse_entries
+from sa3mlx.runtime.schema import flag
+from sa3mlx.sample.demo_entries import checked_entries
 from sa3mlx.sample.demo_models import DemoModels
 from sa3mlx.sample.render import RenderOptions, render_demos
 
@@ -27,7 +29,7 @@ def adapter_file(path: str) -> Path:
     found = sorted(path.glob("*.safetensors")) if path.is_dir() else []
     if len(found) != 1:
         listed = ", ".join(p.name for p in found) or "none"
-        raise SystemExit(f"demo: {path} must be an adapter file or a folder with one .safetensors (found {listed})")
+        raise UserError(f"{path} must be an adapter file or a folder with one .safetensors (found {listed})")
     return found[0]
 
 
@@ -45,7 +47,7 @@ def main() -> int:
     params, model = declared["demo"], declared["model"]
     adapter = adapter_file(args.adapter)
     step = int(read_lora(adapter).config.get("step") or 0)
-    entries = parse_entries(params["entries"], params.get("defaults"))
+    entries = checked_entries("demo.entries", params["entries"], params.get("defaults"))
     base, arc = f"models/converted/{model['base']}", f"models/converted/{model['arc']}"
     print(
         f"demo: {len(entries)} entries, adapter {adapter} (step {step}) on {model['base']} (base) and "
@@ -58,7 +60,7 @@ def main() -> int:
         entries,
         models,
         [adapter],
-        baselines=bool(params.get("baselines", True)),
+        baselines=flag().check("demo.baselines", params.get("baselines", True)),
         options=RenderOptions.from_params(params),
     )
     print(summary.line())
@@ -66,4 +68,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_stage("demo", main)

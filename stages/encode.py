@@ -11,6 +11,7 @@ import sys
 
 import sa3mlx  # noqa: F401  (BLAS set-up first, as in every stage)
 from sa3mlx.data.encode import DETAILS_FILE, Codec, EncodeOptions, encode_dir
+from sa3mlx.runtime.errors import USER_ERROR_STATUS, run_stage
 from sa3mlx.runtime.layout import ENCODE_CACHE_DIR as CACHE
 from sa3mlx.runtime.layout import LATENTS_DIR as LATENTS
 from sa3mlx.runtime.layout import NORMALIZED_DIR as NORMALIZED
@@ -41,11 +42,14 @@ def main() -> int:
     print(f"encode: {summary.total - len(summary.errors)} files, {summary.seconds_total:.1f} s of audio in {LATENTS}")
     if options.shard:
         print("encode: one shard only; an unsharded run assembles all latents from the cache")
-    for error in summary.errors:
-        print(f"encode: error: {error['path']}: {error['error']}", file=sys.stderr)
+    for error in summary.errors:  # a user error's message names its file and the fix
+        text = error["error"] if error.get("user") else f"{error['path']}: {error['error']}"
+        print(f"sa3mlx: encode: {text}", file=sys.stderr)
     print(summary.line())
-    return 1 if summary.errors else 0
+    if not summary.errors:
+        return 0
+    return USER_ERROR_STATUS if all(error.get("user") for error in summary.errors) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_stage("encode", main)

@@ -87,3 +87,23 @@ def test_unavailable_blas_falls_back_with_one_warning(tmp_path):
 def test_blas_can_be_switched_off():
     result = run_python("import sa3mlx.runtime.blas as b; print(b.ensure_fast_blas())", SA3MLX_BLAS="off")
     assert "'library': None" in result.stdout and result.stderr == ""
+
+
+@pytest.mark.parametrize("folder", ["bench", "stages", "tools"])
+def test_scripts_set_up_the_blas_before_they_import_mlx(folder):
+    """A script run on its own must `import sa3mlx` before mlx, or MLX binds the reference BLAS (~5 GFLOP/s)."""
+    import ast
+
+    from conftest import ROOT
+
+    late = []
+    for path in sorted((ROOT / folder).glob("*.py")):
+        order = []
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Import):
+                order += [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                order.append(node.module.split(".")[0])
+        if "mlx" in order and ("sa3mlx" not in order or order.index("mlx") < order.index("sa3mlx")):
+            late.append(path.name)
+    assert late == []

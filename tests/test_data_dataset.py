@@ -7,6 +7,7 @@ import pytest
 
 from sa3mlx.data import dataset as D
 from sa3mlx.data.prompts import PromptTemplate
+from sa3mlx.runtime.errors import ArtifactError
 
 C = 4
 
@@ -38,7 +39,7 @@ def test_discovery_skips_silence_and_sorts(tmp_path):
     np.save(tmp_path / "silence.npy", np.zeros((1, C, 3), np.float32))
     assert [f.relpath for f in D.find_latents(tmp_path)] == ["b.npy", "sub/a.npy"]
     np.save(tmp_path / "orphan.npy", np.zeros((C, 2), np.float32))
-    with pytest.raises(FileNotFoundError, match="orphan.npy"):
+    with pytest.raises(ArtifactError, match="orphan.json: missing"):
         D.find_latents(tmp_path)
     with pytest.raises(ValueError, match="no pre-encoded"):
         D.find_latents(_empty_folder(tmp_path))

@@ -4,6 +4,7 @@ the outputs, and nothing needs recomputing. Against a local-directory remote and
 import hashlib
 import importlib.util
 import logging
+import re
 
 import pytest
 from dvc.repo import Repo
@@ -111,3 +112,48 @@ def test_s3_remote_push_clone_repro_pull(source, tmp_path, s3_endpoint):
     assert ".dvc/config.local" not in run(["git", "ls-files", ".dvc"], source)
     assert "Running stage" not in run(["dvc", "repro", "--pull"], clone)
     assert_nothing_to_recompute(source, clone)
+
+
+def test_two_hosts_encode_their_shares_a_third_clone_runs_nothing(tmp_path):
+    """docs/distributed.md "Encoding across hosts", command for command: hosts A and B encode one
+    `encode.shard` each and push their share of the encode cache to one remote; A assembles the
+    unsharded output with every file a cache hit and pushes it; a third clone pulls, and
+    `dvc repro encode` runs nothing. The latents equal a one-host encode's, byte for byte."""
+    origin = make_project(tmp_path / "origin")
+    run(["dvc", "repro", "convert", "normalize"], origin)
+    run(["dvc", "remote", "add", "-d", "shared", str(tmp_path / "remote")], origin)
+    commit_all(origin, "inputs")
+    run(["dvc", "push"], origin)
+    run(["git", "clone", "-q", "--bare", str(origin), str(tmp_path / "central.git")], tmp_path)
+    hosts = {}
+    for i, name in enumerate(("a", "b")):
+        host = hosts[name] = tmp_path / name
+        run(["git", "clone", "-q", str(tmp_path / "central.git"), str(host)], tmp_path)
+        for cmd in (["git", "config", "user.email", "tests@sa3mlx.invalid"], ["git", "config", "user.name", "t"]):
+            run(cmd, host)
+        run(["dvc", "pull", "convert", "normalize"], host)
+        summary = run(["python", "stages/encode.py", "--shard", f"{i}/2"], host)
+        assert re.search(r"Done in .+?: [1-9]\d* encoded, 0 skipped", summary)
+        run(["bash", "-c", f"mkdir -p shares/{i} && cp -r data/encode_cache shares/{i}/encode_cache"], host)
+        run(["dvc", "add", f"shares/{i}/encode_cache"], host)
+        run(["git", "add", f"shares/{i}"], host)
+        run(["git", "commit", "-q", "-m", f"encode share {i}/2"], host)
+        run(["git", "pull", "-q", "--no-rebase", "--no-edit"], host)  # B merges A's share commit
+        run(["git", "push", "-q"], host)
+        run(["dvc", "push"], host)
+    a = hosts["a"]
+    run(["git", "pull", "-q", "--no-rebase", "--no-edit"], a)
+    run(["dvc", "pull", "-R", "shares"], a)
+    run(["bash", "-c", "cp -rn shares/*/encode_cache/. data/encode_cache/"], a)
+    assembled = run(["dvc", "repro", "encode"], a)
+    assert re.search(r"Done in .+?: 0 encoded, [1-9]\d* skipped, 0 errors", assembled)
+    run(["git", "add", "dvc.lock"], a)
+    run(["git", "commit", "-q", "-m", "latents"], a)
+    run(["git", "push", "-q"], a)
+    run(["dvc", "push"], a)
+    third = tmp_path / "c"
+    run(["git", "clone", "-q", str(tmp_path / "central.git"), str(third)], tmp_path)
+    run(["dvc", "pull", "convert", "normalize", "encode"], third)
+    assert "Running stage" not in run(["dvc", "repro", "encode"], third)
+    run(["dvc", "repro", "encode"], origin)  # one host, no shards
+    assert digest_tree(third / "data" / "latents") == digest_tree(origin / "data" / "latents")

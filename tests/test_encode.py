@@ -19,6 +19,7 @@ from sa3mlx.convert.model import convert_source
 from sa3mlx.data import encode as enc
 from sa3mlx.data.encode import Codec, EncodeOptions, encode_dir, parse_shard
 from sa3mlx.models.same_chunked import encode_long
+from sa3mlx.runtime.io import sha256_file
 
 RATE = 44100
 SIDECAR_KEYS = [
@@ -194,6 +195,9 @@ def test_params_or_codec_change_reencodes_all(work):
         arrays = dict(f)
     arrays["layers.2.weight"] = arrays["layers.2.weight"] * 1.5
     np.savez(other / "same_encoder.npz", **arrays)
+    manifest = json.loads((other / "manifest.json").read_text())  # another codec, not a damaged one
+    manifest["files"]["same_encoder.npz"]["sha256"] = sha256_file(other / "same_encoder.npz")
+    (other / "manifest.json").write_text(json.dumps(manifest))
     summary = work.run(codec=Codec.open(other))
     assert summary.encoded == 8 and len(work.calls) == 8
     assert not np.array_equal(np.load(work.tmp / "latents" / "ambient_sweep.npy"), before)

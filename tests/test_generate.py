@@ -181,5 +181,5 @@ def test_errors_are_one_line_naming_the_flag_or_file(tiny, capsys, extra, words)
     args = ["generate", "x", "--model", str(tiny / "tiny-base"), "--seconds", "2", "--steps", "1"]
     assert main(args + [e.format(root=tiny) for e in extra]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and err.startswith("sa3mlx generate: error:")
+    assert err.count("\n") == 0 and err.startswith("sa3mlx: generate: ")
     assert all(word in err for word in words), err

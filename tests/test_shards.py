@@ -4,14 +4,17 @@ atomic shards, one-seek reads, `tar -xf` = export = the files layout, and damage
 import hashlib
 import io
 import json
+import re
 import subprocess
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 import pytest
 
 from sa3mlx import cli
 from sa3mlx.runtime import shards as S
+from sa3mlx.runtime.errors import ArtifactError, ParamError
+from sa3mlx.runtime.layout import DVC_FILE
 
 SUMMARY = S.ENCODE_DETAILS
 
@@ -134,19 +137,73 @@ def test_a_crash_mid_write_leaves_the_old_consistent_folder(tmp_path, monkeypatc
     assert {name: S.open_tree(root, SUMMARY).read(name) for name in changed} == changed
 
 
+def _in_a_project(tmp_path: Path) -> Path:
+    """`tmp_path` as a DVC project whose stage `make` outputs `out` (so the fix is `dvc checkout out`)."""
+    (tmp_path / DVC_FILE).write_text("stages: {}\n")
+    (tmp_path / "dvc.lock").write_text("schema: '2.0'\nstages:\n  make:\n    outs:\n    - path: out\n")
+    return tmp_path / "out"
+
+
 def test_a_shard_that_does_not_match_its_index_is_an_error_naming_the_fix(tmp_path):
-    root = _write(tmp_path / "out", _items(4))
+    root = _write(_in_a_project(tmp_path), _items(4))
     shard = sorted((root / S.SHARDS_DIR).iterdir())[0]
     shard.write_bytes(shard.read_bytes()[:-512])
-    with pytest.raises(ValueError, match=rf"{shard.name}: .* bytes, the index in .*{SUMMARY} says .*dvc checkout"):
+    with pytest.raises(
+        ArtifactError,
+        match=rf"out/shards/{shard.name}: damaged shard \(\d+ bytes, the index in "
+        rf"{SUMMARY} says \d+\); restore it with `dvc checkout out`",
+    ):
         S.open_tree(root, SUMMARY)
+
+
+def test_a_damaged_member_is_an_error_naming_its_shard_member_and_the_fix(tmp_path):
+    root = _write(_in_a_project(tmp_path), _items(4))
+    name = S.open_tree(root, SUMMARY).names()[0]
+    span = S.open_tree(root, SUMMARY).span(name)
+    with open(span.path, "r+b") as f:  # the member's bytes cut short: the shard ends inside them
+        f.truncate(span.offset + 1)
+    with pytest.raises(
+        ArtifactError,
+        match=rf"shards/.*\.tar: damaged member {re.escape(name)} \(truncated: 1 of "
+        r".*`dvc checkout out`",
+    ):
+        span.read()
+    index = json.loads((root / SUMMARY).read_text())
+    index[S.INDEX_KEY]["members"] = "garbage"
+    (root / SUMMARY).write_text(json.dumps(index))
+    with pytest.raises(ArtifactError, match=rf"out/{SUMMARY}: damaged shard index .*`dvc checkout out`"):
+        S.open_tree(root, SUMMARY)
+
+
+@pytest.mark.parametrize("layout", ["files", "shards"])
+@pytest.mark.parametrize(
+    ("member", "what", "damage"),
+    [
+        ("a.json", "latent sidecar", lambda data: data.replace(b"seconds_total", b"seconds_tota!")),
+        ("a.json", "latent sidecar", lambda data: data.replace(b"{", b"[", 1)),
+        ("a.npy", "latents", lambda data: data.replace(b"descr", b"dexcr", 1)),
+    ],
+)
+def test_damaged_latents_and_sidecars_are_named_with_the_fix_in_both_layouts(tmp_path, layout, member, what, damage):
+    """The dataset's one-line refusals of issue 19 hold in the shards layout too: they name the shard
+    and the member, and the fix (same-size damage, so the index still matches its shards)."""
+    from sa3mlx.data.dataset import PreEncodedDataset
+
+    sidecar = {"seconds_total": 1.0, "padding_mask": [1, 1, 1]}
+    members = {"a.npy": _npy(1.0), "a.json": json.dumps(sidecar).encode()}
+    members[member] = damage(members[member])
+    root = _write(_in_a_project(tmp_path), members, layout)
+    shard_file = r"shards/[^:]+\.tar"
+    where = rf"out/{shard_file}: damaged {what} {member} " if layout == "shards" else rf"out/{member}: damaged {what} "
+    with pytest.raises(ArtifactError, match=where + r"\(.*\); restore it with `dvc checkout out`"):
+        PreEncodedDataset(root, 3)
 
 
 def test_layout_choice():
     assert S.choose_layout("auto", S.AUTO_SHARDS_ABOVE, "x") == "files"
     assert S.choose_layout("auto", S.AUTO_SHARDS_ABOVE + 1, "x") == "shards"
     assert S.choose_layout("files", 10**6, "x") == "files"
-    with pytest.raises(ValueError, match="encode.layout 'tar'"):
+    with pytest.raises(ParamError, match="params.yaml: encode.layout: expected one of files, shards, auto, got 'tar'"):
         S.choose_layout("tar", 1, "encode.layout")
 
 

@@ -15,6 +15,7 @@ from conftest import ROOT
 from test_train_loop_fake import TINY_PARAMS, make_tiny_project
 
 from sa3mlx.convert.model import convert_source
+from sa3mlx.runtime.errors import ArtifactError
 from sa3mlx.train.demos import DemoSettings, TrainDemos
 from sa3mlx.train.job import DEMO_DEPS, TrainJob
 from sa3mlx.train.resume import fingerprint, resume_files
@@ -142,10 +143,10 @@ def test_train_stage_declares_the_demo_params_and_code():
 def test_settings_are_checked_before_training(project):
     assert not DemoSettings.from_params({"every": 0, "entries": ENTRIES}).on
     assert not DemoSettings.from_params({"every": 5}).on  # no entries: nothing to render
-    with pytest.raises(ValueError, match=r"unknown key\(s\) \['evry'\]"):
+    with pytest.raises(ValueError, match=r"train.demos.evry: unknown key"):
         DemoSettings.from_params({"evry": 5})
     with pytest.raises(ValueError, match="unknown field"):
         DemoSettings.from_params({"every": 5, "entries": [{"prompt": "x", "sconds": 1}]})
     job = _job(project, demos=DEMOS)
-    with pytest.raises(ValueError, match="ARC model folder .*missing is missing"):
+    with pytest.raises(ArtifactError, match=r"converted/missing: missing \(train.demos has ARC entries"):
         TrainDemos(job.demos, None, project / "x", job.model_dir, project / "models" / "converted" / "missing")

@@ -22,7 +22,7 @@ def test_dashboard_is_the_default():
 
 
 def test_loop_preset_needs_an_lr_and_has_torch_defaults():
-    with pytest.raises(ValueError, match="lr is required"):
+    with pytest.raises(ValueError, match="train.lr: required"):
         P.resolve("underfit-loop")
     cfg = P.resolve("underfit-loop", {"lr": 3e-4})
     assert cfg.timestep_sampler == "uniform" and cfg.betas == (0.9, 0.999) and cfg.weight_decay == 0.01
@@ -61,16 +61,16 @@ def test_every_field_is_overridable_and_nested_configs_merge():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"learning_rate": 1e-4}, "unknown train setting"),
-        ({"timestep_sampler": "cosine"}, "unknown timestep sampler"),
-        ({"lr_schedule": "cosine"}, "unknown lr_schedule"),
-        ({"lr_schedule": "wsd", "lr_schedule_options": {}}, "needs max_minutes"),
-        ({"lr_schedule_options": {"gamma": 2}}, "bad options"),
-        ({"loss_normalization": "batch"}, "loss_normalization"),
+        ({"learning_rate": 1e-4}, "train.learning_rate: unknown key"),
+        ({"timestep_sampler": "cosine"}, "train.timestep_sampler: expected one of uniform"),
+        ({"lr_schedule": "cosine"}, "train.lr_schedule: expected one of none, inverse, wsd"),
+        ({"lr_schedule": "wsd", "lr_schedule_options": {}}, "train.max_minutes: required by lr_schedule wsd"),
+        ({"lr_schedule_options": {"gamma": 2}}, "train.lr_schedule_options: .*bad options"),
+        ({"loss_normalization": "batch"}, "train.loss_normalization: expected one of none"),
         ({"inpaint_mask_probabilities": [0.5, 0.5]}, "inpaint_mask_probabilities"),
-        ({"batch_size": 0}, "batch_size"),
-        ({"adapter": {"rank": 0}}, "rank"),
-        ({"prompts": {"triger": "x"}}, "unknown prompt template"),
+        ({"batch_size": 0}, r"params.yaml: train.batch_size: expected a whole number >= 1, got 0"),
+        ({"adapter": {"rank": 0}}, "train.adapter.rank: expected a whole number >= 1, got 0"),
+        ({"prompts": {"triger": "x"}}, "train.prompts: unknown prompt template"),
     ],
 )
 def test_bad_settings_are_clear_errors(overrides, message):
@@ -79,7 +79,7 @@ def test_bad_settings_are_clear_errors(overrides, message):
 
 
 def test_unknown_preset():
-    with pytest.raises(ValueError, match="unknown train preset"):
+    with pytest.raises(ValueError, match="train.preset: expected one of underfit-dashboard"):
         P.resolve("underfit")
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -33,9 +33,12 @@ from sa3mlx.audio.resample import QUALITIES, resample
 from sa3mlx.audio.scan import Listing, scan
 from sa3mlx.audio.tags import find_tags
 from sa3mlx.audio.write import FORMATS, write_audio
+from sa3mlx.runtime.errors import ParamError, reading
 from sa3mlx.runtime.io import sha256_file
+from sa3mlx.runtime.layout import SAMPLE_RATE
 from sa3mlx.runtime.params import dataclass_from_params
 from sa3mlx.runtime.previous import PreviousOutput
+from sa3mlx.runtime.schema import choice, integer, number, positive, spec
 from sa3mlx.runtime.shards import LAYOUTS, NORMALIZE_REPORT, TreeWriter, choose_layout
 
 LATENT_SAMPLES = 4096  # audio samples per SAME latent frame (SA3's codecs downsample by 4096)
@@ -46,34 +49,24 @@ AUDIO_SETTINGS = ("sample_rate", "max_seconds", "format", "channels", "resample_
 
 @dataclass(frozen=True)
 class Options:
-    sample_rate: int = 44100
-    max_seconds: float = 600.0
-    format: str = "wav"  # "wav": float32 WAV; "flac": 24-bit FLAC (quantised)
-    channels: str = "first_two"  # for >2 channels: "first_two" or "downmix"
-    resample_quality: str = "VHQ"
-    silence_dbfs: float = -80.0  # a peak at or below this is flagged silent (kept)
+    sample_rate: int = field(default=44100, metadata=spec(integer(1)))
+    max_seconds: float = field(default=600.0, metadata=spec(positive()))
+    format: str = field(default="wav", metadata=spec(choice(FORMATS)))  # "wav": float32 WAV; "flac": 24-bit FLAC
+    channels: str = field(default="first_two", metadata=spec(choice(POLICIES)))  # for >2 channels
+    resample_quality: str = field(default="VHQ", metadata=spec(choice(QUALITIES)))
+    silence_dbfs: float = field(default=-80.0, metadata=spec(number(high=0)))  # a peak at or below: silent (kept)
     strict: bool = False  # fail the stage if anything is quarantined
-    layout: str = "files"  # "files", "shards" or "auto" (sa3mlx/runtime/shards.py)
+    layout: str = field(default="files", metadata=spec(choice(LAYOUTS)))  # files|shards|auto (runtime/shards.py)
 
     @classmethod
     def from_params(cls, params: dict) -> Options:
         options = dataclass_from_params(cls, params, "normalize")
         options.validate()
-        if not isinstance(options.strict, bool):
-            raise ValueError(f"normalize.strict {options.strict!r}: expected true or false")
         return options
 
     def validate(self) -> None:
-        if self.format not in FORMATS:
-            raise ValueError(f"normalize.format {self.format!r}: expected one of {sorted(FORMATS)}")
-        if self.channels not in POLICIES:
-            raise ValueError(f"normalize.channels {self.channels!r}: expected one of {POLICIES}")
-        if self.resample_quality not in QUALITIES:
-            raise ValueError(f"normalize.resample_quality {self.resample_quality!r}: expected one of {QUALITIES}")
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"normalize.layout {self.layout!r}: expected one of {list(LAYOUTS)}")
         if self.max_samples < LATENT_SAMPLES:
-            raise ValueError(f"normalize.max_seconds {self.max_seconds}: shorter than one latent")
+            raise ParamError("normalize.max_seconds", "shorter than one latent (4096 samples)", self.max_seconds)
 
     @property
     def max_samples(self) -> int:
@@ -265,3 +258,18 @@ def _check_folders(raw: Path, out: Path) -> None:
     raw_abs, out_abs = raw.resolve(), out.resolve()
     if out_abs == raw_abs or raw_abs in out_abs.parents or out_abs in raw_abs.parents:
         raise ValueError(f"output folder {out} must not contain or lie inside the input folder {raw}")
+
+
+def check_codec_rate(sample_rate: int, model_config: str | os.PathLike, base: str) -> None:
+    """normalize.sample_rate must be the rate of model.base's codec (its model_config.json), or every
+    file would be rewritten only for encode to refuse it."""
+    model_config = Path(model_config)
+    with reading(model_config, "model config", fix=f"model.base '{base}' must name a complete model folder"):
+        data = json.loads(model_config.read_text(encoding="utf-8"))
+        codec_rate = int(data.get("sample_rate", SAMPLE_RATE))
+    if sample_rate != codec_rate:
+        raise ParamError(
+            "normalize.sample_rate",
+            f"the codec of model.base '{base}' takes {codec_rate} Hz ({model_config}): set {codec_rate}",
+            sample_rate,
+        )

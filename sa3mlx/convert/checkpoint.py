@@ -8,6 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
+from sa3mlx.runtime.artifacts import load_npz
+from sa3mlx.runtime.errors import UserError
+
 PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin")
 _SAFETENSORS_DTYPES = {
     "F64": np.float64,
@@ -26,7 +29,7 @@ _SAFETENSORS_DTYPES = {
 }
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint that cannot be read, or whose keys/shapes are wrong; names the file."""
 
 
@@ -85,8 +88,8 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str,
 
 
 def read_npz(path: str | Path) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as f:
-        return {k: f[k] for k in f.files}
+    """Every array of an .npz (checked against the manifest beside it, when there is one)."""
+    return load_npz(path, "arrays")
 
 
 def read_pickle_checkpoint(path: str | Path, allow_pickle: bool) -> dict[str, np.ndarray]:

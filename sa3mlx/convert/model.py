@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +26,7 @@ from sa3mlx.convert.same import same_to_mlx, torch_same_shapes
 from sa3mlx.convert.t5gemma import TOKENIZER_FILES, t5gemma_shapes, t5gemma_to_mlx
 from sa3mlx.convert.validate import validate_shapes
 from sa3mlx.models.config import AutoencoderConfig, DiTConfig, ModelConfig, T5GemmaConfig
+from sa3mlx.runtime.errors import UserError
 from sa3mlx.runtime.io import atomic_path, save_json, save_npz, sha256_file
 from sa3mlx.runtime.layout import (
     CHECKPOINT_FILE,
@@ -36,28 +37,25 @@ from sa3mlx.runtime.layout import (
     SAME_ENCODER_FILE,
     T5GEMMA_DIR,
     T5GEMMA_FILE,
+    T5GEMMA_SOURCE_DIR,
 )
 from sa3mlx.runtime.precision import NUMPY_STORAGE
+from sa3mlx.runtime.schema import choice, options_from_params, spec
 
 CHECKPOINT_NAMES = (CHECKPOINT_FILE, "model.ckpt", "model.pt")
 
 
 @dataclass(frozen=True)
 class ConvertOptions:
-    dit_dtype: str = "float16"
-    same_dtype: str = "float32"
-    t5gemma_dtype: str = "float16"
+    dit_dtype: str = field(default="float16", metadata=spec(choice(list(NUMPY_STORAGE))))
+    same_dtype: str = field(default="float32", metadata=spec(choice(list(NUMPY_STORAGE))))
+    t5gemma_dtype: str = field(default="float16", metadata=spec(choice(list(NUMPY_STORAGE))))
     allow_pickle: bool = False
     dit_only: bool = False  # a lone checkpoint file without model_config.json: write its DiT alone, said so
 
     @classmethod
-    def from_params(cls, params: dict) -> ConvertOptions:
-        return cls(
-            dit_dtype=params["dit_dtype"],
-            same_dtype=params["same_dtype"],
-            t5gemma_dtype=params["t5gemma_dtype"],
-            allow_pickle=bool(params["allow_pickle"]),
-        )
+    def from_params(cls, params) -> ConvertOptions:
+        return options_from_params(cls, dict(params), "convert")
 
 
 def cast_floats(arrays: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
@@ -70,6 +68,38 @@ def cast_floats(arrays: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarr
         return value.astype(np.float32 if key.endswith(dit_keys.BUFFER_SUFFIX) else target)
 
     return {key: cast(key, value) for key, value in arrays.items()}
+
+
+SOURCE_CONTENTS = (MODEL_CONFIG_FILE, CHECKPOINT_FILE, T5GEMMA_SOURCE_DIR + "/")
+SA3_REPOS = (  # Hugging Face repos whose snapshots are model folders (README "Using a real SA3 checkpoint")
+    "stabilityai/stable-audio-3-small-music-base",
+    "stabilityai/stable-audio-3-small-music",
+    "stabilityai/stable-audio-3-medium-base",
+    "stabilityai/stable-audio-3-medium",
+)
+
+
+def missing_source_files(folder: Path) -> list[str]:
+    """What a model folder (a Hugging Face SA3 snapshot) lacks of SOURCE_CONTENTS."""
+    if not folder.is_dir():
+        return list(SOURCE_CONTENTS)
+    return [name for name in SOURCE_CONTENTS if not (folder / name.rstrip("/")).exists()]
+
+
+def check_source_folder(folder: str | Path, key: str = "model.base") -> None:
+    """A missing or incomplete model folder: what it must hold and where it comes from."""
+    folder = Path(folder)
+    missing = missing_source_files(folder)
+    if not missing:
+        return
+    state = "does not exist" if not folder.is_dir() else f"lacks {', '.join(missing)}"
+    others = sorted(p.name for p in folder.parent.iterdir() if p.is_dir() and not missing_source_files(p))
+    raise UserError(
+        f"{folder} ({key}) {state}: a model folder holds a Hugging Face SA3 snapshot ({', '.join(SOURCE_CONTENTS)}); "
+        f"get one with `hf download {SA3_REPOS[0]} --local-dir {folder}` (or {', '.join(SA3_REPOS[1:])}; "
+        f'README "Using a real SA3 checkpoint"), or set {key} to a folder that has them'
+        + (f" ({', '.join(others)})" if others else "")
+    )
 
 
 def find_checkpoint(folder: Path) -> Path:

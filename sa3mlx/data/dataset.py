@@ -16,7 +16,6 @@ order, crops and prompts.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from collections.abc import Callable, Iterator
@@ -26,12 +25,17 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from sa3mlx.data.prompts import PromptTemplate, build_prompt
+from sa3mlx.runtime.errors import ArtifactError, UserError
 from sa3mlx.runtime.shards import ENCODE_DETAILS, Span, Tree, open_tree
 
 SILENCE_FILE = "silence.npy"
 FILELIST = "filelist.txt"
 OVERSAMPLE_BATCHES = 100  # a set smaller than a batch is drawn with replacement: batch·100 per epoch
 _ORDER, _CROP, _PROMPT = 0, 1, 2  # independent random streams of one (seed, epoch)
+
+
+class NoLatentsError(ArtifactError, ValueError):
+    pass
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,8 @@ class LatentFile:
 
 def find_latents(root: str | Path | Tree) -> list[LatentFile]:
     """The latent/sidecar pairs under root, sorted by relpath (`filelist.txt` order if present)."""
+    if not isinstance(root, Tree) and not Path(root).is_dir():
+        raise ArtifactError(root, "missing (the latent folder)")
     tree = root if isinstance(root, Tree) else open_tree(root, ENCODE_DETAILS)
     root = tree.root
     if FILELIST in tree:
@@ -59,11 +65,10 @@ def find_latents(root: str | Path | Tree) -> list[LatentFile]:
             continue
         files.append(LatentFile(tree.span(name), tree.span(sidecar), name))
     if orphans:
-        raise FileNotFoundError(
-            f"{root}: latents without a .json sidecar: {orphans[:5]}{' …' if len(orphans) > 5 else ''}"
-        )
+        more = f" (and {len(orphans) - 1} more)" if len(orphans) > 1 else ""
+        raise ArtifactError(root / Path(orphans[0]).with_suffix(".json"), f"missing (latent sidecar){more}")
     if not files:
-        raise ValueError(f"{root}: no pre-encoded latents (*.npy with .json sidecars)")
+        raise NoLatentsError(root, "holds no pre-encoded latents (*.npy with .json sidecars)")
     return files
 
 
@@ -73,11 +78,11 @@ def load_silence(root: str | Path | Tree) -> np.ndarray | None:
     if SILENCE_FILE not in tree:
         return None
     span = tree.span(SILENCE_FILE)
-    silence = span.load_npy(mmap=False)
+    silence = span.load_npy(mmap=False, what="silence latents")
     while silence.ndim > 2 and silence.shape[0] == 1:
         silence = silence[0]
     if silence.ndim != 2 or silence.shape[1] == 0:
-        raise ValueError(f"{span.label}: expected a [C, N] latent, got shape {silence.shape}")
+        raise span.damaged("silence latents", f"expected shape [C, N], found {list(silence.shape)}")
     return silence.astype(np.float32)
 
 
@@ -106,7 +111,7 @@ def pad_latents(latents: np.ndarray, length: int, silence: np.ndarray | None) ->
         filler = np.zeros((latents.shape[0], need), np.float32)
     else:
         if silence.shape[0] != latents.shape[0]:
-            raise ValueError(f"silence.npy has {silence.shape[0]} channels, latents {latents.shape[0]}")
+            raise UserError(f"{SILENCE_FILE} has {silence.shape[0]} channels, the latents {latents.shape[0]}")
         filler = np.tile(silence, (1, math.ceil(need / silence.shape[1])))[:, :need]
     return np.concatenate([latents, filler], axis=1)
 
@@ -131,6 +136,8 @@ class PreEncodedDataset:
         tree = open_tree(self.root, ENCODE_DETAILS)
         self.files = find_latents(tree) if files is None else list(files)
         self.silence = load_silence(tree)
+        for index in range(len(self.files)):  # a damaged pair is refused now, not at some step of training
+            self.latents(index, self.sidecar(index))
         self.crop_length = crop_length
         self.random_crop = random_crop
         self.prompts = prompts
@@ -140,24 +147,31 @@ class PreEncodedDataset:
 
     def sidecar(self, index: int) -> dict:
         entry = self.files[index]
-        try:
-            info = json.loads(entry.sidecar.read().decode("utf-8"))
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{entry.sidecar.label}: unreadable sidecar ({e})") from None
-        if "seconds_total" not in info:
-            raise ValueError(f"{entry.sidecar.label}: no seconds_total")
+        info = entry.sidecar.load_json("latent sidecar")
+        if not isinstance(info.get("seconds_total"), (int, float)) or isinstance(info["seconds_total"], bool):
+            raise entry.sidecar.damaged("latent sidecar", "no numeric seconds_total")
         return info
 
-    def example(self, index: int, rng: np.random.Generator) -> Example:
+    def latents(self, index: int, info: dict) -> tuple[np.ndarray, np.ndarray]:
+        """The [C, T] latents of a file (memory-mapped) and its padding mask, checked against each other."""
         entry = self.files[index]
-        info = self.sidecar(index)
         stored = entry.latent.load_npy(mmap=True)
         if stored.ndim == 3 and stored.shape[0] == 1:
             stored = stored[0]
-        if stored.ndim != 2:
-            raise ValueError(f"{entry.latent.label}: expected [C, T] latents, got shape {stored.shape}")
+        if stored.ndim != 2 or stored.dtype.kind != "f":
+            raise entry.latent.damaged("latents", f"expected [C, T] floats, found {stored.dtype} {list(stored.shape)}")
         length = stored.shape[1]
-        mask = np.asarray(info.pop("padding_mask", np.ones(length)), dtype=np.int64).astype(bool)
+        mask = info.get("padding_mask", [1] * length)
+        if not isinstance(mask, list) or any(isinstance(v, str) or v not in (0, 1) for v in mask):
+            raise entry.sidecar.damaged("latent sidecar", "padding_mask is not a list of 0/1")
+        return stored, np.asarray(mask, dtype=bool)
+
+    def example(self, index: int, rng: np.random.Generator) -> Example:
+        info = self.sidecar(index)
+        stored, mask = self.latents(index, info)
+        info.pop("padding_mask", None)
+        entry = self.files[index]
+        length = stored.shape[1]
         crop = length if self.crop_length is None else int(self.crop_length)
         start = 0
         if length > crop:

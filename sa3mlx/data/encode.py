@@ -31,9 +31,13 @@ from sa3mlx.data.encode_cache import Entry, LatentCache, entry_key, remove_tempo
 from sa3mlx.models.config import AutoencoderConfig
 from sa3mlx.models.same import SameEncoder, autoencoder_config, load_same_encoder
 from sa3mlx.models.same_chunked import encode_long, latent_mask
+from sa3mlx.runtime.artifacts import read_json, verify_listed
+from sa3mlx.runtime.errors import LOAD_ERRORS, ArtifactError, ParamError, UserError, one_line
 from sa3mlx.runtime.io import sha256_file
+from sa3mlx.runtime.layout import MODEL_CONFIG_FILE, SAME_ENCODER_FILE, SAMPLE_RATE
 from sa3mlx.runtime.params import dataclass_from_params
 from sa3mlx.runtime.previous import PreviousOutput
+from sa3mlx.runtime.schema import choice, integer, number, spec
 from sa3mlx.runtime.shards import (
     ENCODE_DETAILS,
     LAYOUTS,
@@ -46,7 +50,6 @@ from sa3mlx.runtime.shards import (
 )
 
 AUDIO_EXTENSIONS = (".wav", ".flac")  # what `normalize` writes
-ENCODER_FILE = "same_encoder.npz"
 DETAILS_FILE = ENCODE_DETAILS
 CACHE_KEYS = "cache_keys"  # details.json: {npy member: cache key}, what lets a later run reuse a latent
 REPORT_FILE = NORMALIZE_REPORT  # normalize's census: maps outputs to their raw sources
@@ -66,11 +69,11 @@ SIDECAR_FIELDS = (
 
 @dataclass(frozen=True)
 class EncodeOptions:
-    chunk_latents: int = 128  # production chunking: chunk length in latents
-    overlap: int = 32  # latents shared by neighbouring chunks (half dropped on each side)
-    chunk_above_seconds: float = 30.0  # longer files are encoded in chunks, shorter ones in one pass
+    chunk_latents: int = field(default=128, metadata=spec(integer(1)))  # production chunking: chunk length in latents
+    overlap: int = field(default=32, metadata=spec(integer(0)))  # latents shared by neighbours (half dropped each side)
+    chunk_above_seconds: float = field(default=30.0, metadata=spec(number(0)))  # longer files: chunked
     shard: str | None = None  # "i/n": encode only this process's share of the files
-    layout: str = "files"  # "files", "shards" or "auto" (sa3mlx/runtime/shards.py)
+    layout: str = field(default="files", metadata=spec(choice(LAYOUTS)))  # files|shards|auto (runtime/shards.py)
 
     @classmethod
     def from_params(cls, params: dict) -> EncodeOptions:
@@ -80,14 +83,13 @@ class EncodeOptions:
 
     def validate(self) -> None:
         if not (isinstance(self.chunk_latents, int) and isinstance(self.overlap, int)):
-            raise ValueError("encode.chunk_latents and encode.overlap must be whole numbers of latents")
+            raise ParamError("encode.chunk_latents", "chunk_latents and overlap must be whole numbers of latents")
         if not 0 <= self.overlap < self.chunk_latents:
-            raise ValueError(f"encode.overlap {self.overlap} must be in [0, chunk_latents={self.chunk_latents})")
+            bound = f"expected a whole number in [0, chunk_latents={self.chunk_latents})"
+            raise ParamError("encode.overlap", bound, self.overlap)
         if self.chunk_above_seconds < 0:
-            raise ValueError(f"encode.chunk_above_seconds {self.chunk_above_seconds} must be >= 0")
+            raise ParamError("encode.chunk_above_seconds", "expected a number >= 0", self.chunk_above_seconds)
         parse_shard(self.shard)
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"encode.layout {self.layout!r}: expected one of {list(LAYOUTS)}")
 
     def fingerprint(self) -> dict:
         """What changes the latents (the shard and the layout do not)."""
@@ -106,9 +108,9 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     try:
         index, count = (int(part) for part in str(text).split("/"))
     except ValueError:
-        raise ValueError(f"encode.shard {text!r}: expected 'i/n', e.g. '0/4'") from None
+        raise ParamError("encode.shard", "expected 'i/n' (e.g. '0/4') or null", text) from None
     if not 0 <= index < count:
-        raise ValueError(f"encode.shard {text!r}: need 0 <= i < n")
+        raise ParamError("encode.shard", "expected 'i/n' with 0 <= i < n", text)
     return index, count
 
 
@@ -134,9 +136,9 @@ class Codec:
     def open(cls, folder: str | os.PathLike) -> Codec:
         folder = Path(folder)
         config = autoencoder_config(folder)
-        sample_rate = int(json.loads((folder / "model_config.json").read_text()).get("sample_rate", 44100))
+        sample_rate = int(read_json(folder / MODEL_CONFIG_FILE, "model config").get("sample_rate", SAMPLE_RATE))
         described = {
-            "weights": sha256_file(folder / ENCODER_FILE),
+            "weights": sha256_file(verify_listed(folder / SAME_ENCODER_FILE, "SAME encoder weights")),
             "encoder": asdict(config.encoder),
             "latent_dim": config.latent_dim,
             "patch_size": config.patch_size,
@@ -150,7 +152,7 @@ class Codec:
     @property
     def encoder(self) -> SameEncoder:
         if self._encoder is None:
-            self._encoder = load_same_encoder(self.folder / ENCODER_FILE, self.config)
+            self._encoder = load_same_encoder(self.folder / SAME_ENCODER_FILE, self.config)
         return self._encoder
 
 
@@ -174,12 +176,15 @@ def list_audio(root: str | os.PathLike | Tree) -> list[str]:
     return [name for name in tree.names() if name.lower().endswith(AUDIO_EXTENSIONS)]
 
 
-def read_sources(root: str | os.PathLike) -> dict[str, str]:
-    """{normalised relpath: raw relpath} from normalize's report (empty without one)."""
+def read_census(root: str | os.PathLike) -> dict[str, dict]:
+    """{normalised relpath: its record (source, samples, ...)} from normalize's report (empty without one)."""
     report = Path(root) / REPORT_FILE
     if not report.is_file():
         return {}
-    return {r["output"]: r["source"] for r in json.loads(report.read_text()).get("files", []) if "output" in r}
+    rows = read_json(report, "normalize census").get("files", [])
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise ArtifactError(report, "damaged normalize census (files is not a list of objects)")
+    return {r["output"]: r for r in rows if "output" in r}
 
 
 def read_tags(tree: Tree, audio: str) -> dict[str, str]:
@@ -187,11 +192,7 @@ def read_tags(tree: Tree, audio: str) -> dict[str, str]:
     name = str(PurePosixPath(audio).with_suffix(".json"))
     if name not in tree:
         return {}
-    span = tree.span(name)
-    tags = json.loads(span.read().decode("utf-8"))
-    if not isinstance(tags, dict):
-        raise ValueError(f"{span.label}: tags must be a JSON object")
-    return {str(k): str(v) for k, v in tags.items()}
+    return {str(k): str(v) for k, v in tree.span(name).load_json("tag sidecar").items()}
 
 
 def latent_stem(relpath: str) -> str:
@@ -299,7 +300,7 @@ def encode_dir(
         store.remove_leftovers()
     tree = open_tree(normalized, REPORT_FILE)
     files = [rel for rel in list_audio(tree) if in_shard(rel, shard)]
-    sources = read_sources(normalized)
+    census = read_census(normalized)
     restorer = Restorer(previous, store)
     # a share of the work writes its files as they come (shares may run side by side); the lone run packs
     writer = TreeWriter(latents, "files" if shard else choose_layout(options.layout, len(files), "encode.layout"))
@@ -310,12 +311,13 @@ def encode_dir(
         stem = latent_stem(rel)
         try:
             if f"{stem}.npy" in writer:
-                raise ValueError(f"its output name {stem}.npy is taken by another file; rename one of them")
-            job = Job(tree, normalized, rel, stem, sources.get(rel, rel))
+                raise UserError(f"{rel}: its output name {stem}.npy is taken by another file; rename one of them")
+            record = census.get(rel, {})
+            job = Job(tree, normalized, rel, stem, record.get("source", rel), record.get("samples"))
             meta, how, keys[f"{stem}.npy"] = _encode_one(job, writer, store, restorer, codec, options, log)
         except Exception as e:  # one bad file never stops the rest
-            error = f"{type(e).__name__}: {e}"
-            summary.errors.append({"path": rel, "error": error})
+            error = one_line(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
+            summary.errors.append({"path": rel, "error": error, "user": isinstance(e, UserError)})
             progress.failed(index, rel, error)
             continue
         summary.seconds_total += meta["seconds_total"]
@@ -327,6 +329,8 @@ def encode_dir(
             progress.cached(index, rel, how)
     if restorer.damaged:
         log(f"encode: damaged in the DVC cache, encoded again: {', '.join(restorer.damaged)}")
+    for dropped in store.dropped:
+        log(f"encode: dropped a damaged cache entry {dropped} (its file was encoded again)")
     if shard is None:
         remove_temporaries(latents)
         writer.finish(DETAILS_FILE, {**details(codec, options, model, normalized, summary), CACHE_KEYS: keys})
@@ -344,6 +348,7 @@ class Job:
     rel: str  # the audio member
     stem: str  # the output name without suffix
     src_rel: str  # the raw file it came from
+    samples: int | None = None  # its length by normalize's census
 
 
 class Restorer:
@@ -367,14 +372,26 @@ class Restorer:
         if npy is None or side is None:
             return None
         try:
-            meta = json.loads(side.read().decode("utf-8"))
+            meta = side.load_json("latent sidecar")
             shape, mask = list(npy.load_npy(mmap=False).shape), meta["padding_mask"]
             if shape != meta["latent_shape"] or len(mask) != shape[-1]:
                 return None
             about = {"restored_from": f"{self.previous.label}/{name}"}
             return self.store.put_npy(key, npy.read(), shape, mask, meta["audio_samples"], about)
-        except (ValueError, KeyError, TypeError):
+        except (ArtifactError, KeyError, TypeError, ValueError):  # not reusable: encoded again
             return None
+
+
+def decode_normalized(where: Span, data: bytes, samples: int | None = None) -> tuple[np.ndarray, int]:
+    """([samples, channels] float32, rate) of a normalized member's bytes; damage (or a length other
+    than the census's `samples`: a truncated file decodes) is an ArtifactError naming the member."""
+    try:
+        audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except LOAD_ERRORS as e:
+        raise where.damaged("normalized audio", one_line(e) or type(e).__name__) from e
+    if samples is not None and audio.shape[0] != samples:
+        raise where.damaged("normalized audio", f"{audio.shape[0]} samples; {REPORT_FILE} says {samples}")
+    return audio, rate
 
 
 def _encode_one(
@@ -389,7 +406,7 @@ def _encode_one(
         how, entry = RESTORED, restorer.restore(key)
     audio_path = job.normalized / job.rel
     if entry is None:
-        how, entry = ENCODED, _encode_entry(data, audio_path, key, store, codec, options)
+        how, entry = ENCODED, _encode_entry(data, job, key, store, codec, options)
     meta, clashes = sidecar(
         audio_path.as_posix(),
         f"{job.stem}.npy",
@@ -407,18 +424,24 @@ def _encode_one(
     return meta, how, key
 
 
-def _encode_entry(
-    data: bytes, audio_path: Path, key: str, store: LatentCache, codec: Codec, options: EncodeOptions
-) -> Entry:
-    audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+def _encode_entry(data: bytes, job: Job, key: str, store: LatentCache, codec: Codec, options: EncodeOptions) -> Entry:
+    where = job.tree.span(job.rel)
+    audio, rate = decode_normalized(where, data, job.samples)
     del data
     if rate != codec.sample_rate or audio.shape[1] != codec.config.audio_channels:
-        raise ValueError(
-            f"{rate} Hz {audio.shape[1]} channels; the codec takes {codec.sample_rate} Hz "
-            f"{codec.config.audio_channels} channels (run normalize)"
+        inside = f" ({job.rel})" if where.member else ""
+        raise ArtifactError(
+            where.path,
+            f"{rate} Hz {audio.shape[1]} channels{inside}, but the codec takes {codec.sample_rate} Hz "
+            f"{codec.config.audio_channels} channels",
+            "normalize it again: `dvc repro -f normalize`",
         )
     latent, mask = encode_audio(codec.encoder, np.ascontiguousarray(audio.T), rate, options)
-    about = {"source": audio_path.as_posix(), "codec_sha256": codec.sha256, "params": options.fingerprint()}
+    about = {
+        "source": (job.normalized / job.rel).as_posix(),
+        "codec_sha256": codec.sha256,
+        "params": options.fingerprint(),
+    }
     return store.put(key, latent, mask, audio.shape[0], about)
 
 

@@ -4,9 +4,10 @@ An entry is keyed by sha256 of (normalised audio bytes hash, codec fingerprint, 
 params), so a renamed or re-normalised identical file hits, and any change to the codec or
 the params misses everywhere. Each entry is two files under `<root>/<key[:2]>/`: the latents
 `<key>.npy` ([latent_dim, T] float32) and `<key>.json` (mask, sample count, what was hashed,
-the sha256 of the npy). Both are written atomically, the npy first: the json is the commit mark,
-so an entry is either complete or absent, whatever kills the process. An entry whose npy no
-longer matches its sha256 (a damaged disk, a hand edit) is a miss: it is encoded again.
+the sha256 of the npy as `npy_sha256`). Both are written atomically, the npy first: the json is the
+commit mark, so an entry is either complete or absent, whatever kills the process. An entry damaged
+later (its npy no longer matches its sha256: a bad disk, a hand edit) is dropped on lookup, reported
+in `dropped`, and its file encoded again.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 from sa3mlx.runtime.io import atomic_path, save_json, sha256_file
 
+NPY_SHA256 = "npy_sha256"  # the entry json's key for the sha256 of its .npy file
 TMP_SUFFIX = ".tmp"  # what `atomic_path` leaves behind only when the process is killed
 
 
@@ -41,6 +43,7 @@ class Entry:
 class LatentCache:
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
+        self.dropped: list[Path] = []  # damaged entries found (and removed) by get()
 
     def ignore_in_git(self) -> None:
         """A `*` .gitignore inside: DVC gitignores only cached outputs, and this one is `cache: false`."""
@@ -54,16 +57,16 @@ class LatentCache:
         return folder / f"{key}.npy", folder / f"{key}.json"
 
     def get(self, key: str) -> Entry | None:
+        """The entry, or None when absent; a damaged entry is dropped (both files) so it is encoded again."""
         npy, meta = self._paths(key)
         if not (meta.is_file() and npy.is_file()):
             return None
-        try:
-            info = json.loads(meta.read_text())
-            if info["npy_sha256"] != sha256_file(npy):
-                return None
-            return Entry(npy, list(info["latent_shape"]), list(info["padding_mask"]), int(info["audio_samples"]))
-        except (ValueError, KeyError, TypeError):  # a hand-edited, foreign or older-format file: encode again
-            return None
+        entry = _intact_entry(npy, meta)
+        if entry is None:
+            npy.unlink(missing_ok=True)
+            meta.unlink(missing_ok=True)
+            self.dropped.append(npy)
+        return entry
 
     def put(self, key: str, latents: np.ndarray, mask, audio_samples: int, about: dict) -> Entry:
         buffer = io.BytesIO()
@@ -83,7 +86,7 @@ class LatentCache:
                 "padding_mask": padding,
                 "audio_samples": int(audio_samples),
                 "latent_shape": list(shape),
-                "npy_sha256": hashlib.sha256(npy_bytes).hexdigest(),
+                NPY_SHA256: hashlib.sha256(npy_bytes).hexdigest(),
             },
         )
         return Entry(npy, list(shape), padding, int(audio_samples))
@@ -91,6 +94,20 @@ class LatentCache:
     def remove_leftovers(self) -> int:
         """Delete temporary files a killed run left behind; returns how many."""
         return remove_temporaries(self.root)
+
+
+def _intact_entry(npy: Path, meta: Path) -> Entry | None:
+    """The entry when its json parses and its npy matches it (sha256 when recorded, else header and shape)."""
+    try:
+        info = json.loads(meta.read_text())
+        entry = Entry(npy, list(info["latent_shape"]), list(info["padding_mask"]), int(info["audio_samples"]))
+        recorded = info.get(NPY_SHA256)
+        if recorded is not None:
+            return entry if sha256_file(npy) == recorded else None
+        stored = np.load(npy, mmap_mode="r", allow_pickle=False)
+        return entry if list(stored.shape) == entry.latent_shape and stored.dtype == np.float32 else None
+    except (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def remove_temporaries(root: str | os.PathLike) -> int:

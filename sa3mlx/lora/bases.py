@@ -24,12 +24,15 @@ from sa3mlx.lora.maths import mlx_weight_to_2d
 from sa3mlx.lora.svd import svd_bases
 from sa3mlx.lora.targeting import adaptable_layers, npz_weight_key
 from sa3mlx.models.config import DiTConfig, ModelConfig
+from sa3mlx.runtime.errors import reading
 from sa3mlx.runtime.io import atomic_path, sha256_file
 from sa3mlx.runtime.layout import DIT_FILE, MODEL_CONFIG_FILE, SVD_FILE
+from sa3mlx.runtime.schema import choice, integer
 
 METADATA_KEY = "svd_config"
 SIGN_RULE = "largest-|U| entry of every column positive"
 PRECISIONS = ("stored", "float32", "float16", "bfloat16")
+SVD_PARAMS = {"max_rank": integer(1), "precision": choice(PRECISIONS)}  # the svd stage's params section
 MIN_DIM = 2  # layers with min(fan_out, fan_in) below this get no bases (as underfit's compute_svd)
 
 
@@ -111,7 +114,8 @@ def read_bases(path: str | Path, allow_pickle: bool = False) -> dict[str, dict[s
         return _read_underfit_pt(path, allow_pickle)
     if not path.is_file():
         raise CheckpointError(f"{path}: no SVD base file (run the svd stage)")
-    tensors, _ = read_safetensors(path)
+    with reading(path, "SVD bases"):
+        tensors, _ = read_safetensors(path)
     bases: dict[str, dict[str, np.ndarray]] = {}
     for key, value in tensors.items():
         name, _, part = key.rpartition(".")

@@ -22,6 +22,7 @@ from sa3mlx.convert.checkpoint import PICKLE_SUFFIXES, CheckpointError, read_saf
 from sa3mlx.lora.config import LoRAConfig
 from sa3mlx.lora.layers import AdaptedLayer, LoRAShapeError
 from sa3mlx.lora.types import SAVED_PARAMS, resolve_adapter_type, squeeze_magnitudes
+from sa3mlx.runtime.errors import reading
 from sa3mlx.runtime.io import atomic_path
 
 METADATA_KEY = "lora_config"
@@ -102,7 +103,8 @@ def read_lora(path: str | Path) -> LoRAFile:
     check_readable_suffix(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: file not found")
-    tensors, metadata = read_safetensors(path)
+    with reading(path, "adapter"):
+        tensors, metadata = read_safetensors(path)
     if METADATA_KEY not in metadata:
         raise CheckpointError(f"{path}: no '{METADATA_KEY}' metadata (not an SA3 adapter checkpoint)")
     try:

@@ -6,9 +6,10 @@ dashboard exclude patterns; the seconds_total embedder adapted).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from sa3mlx.lora.types import adapter_kind
+from sa3mlx.lora.types import ADAPTER_TYPES, ALIASES, LEGACY_DORA, adapter_kind
+from sa3mlx.runtime.schema import choice, integer, positive, spec, texts
 
 # the dashboard's default exclude list, in its order
 DEFAULT_EXCLUDE = (
@@ -22,17 +23,20 @@ DEFAULT_EXCLUDE = (
     "preprocess_conv",
     "postprocess_conv",
 )
+SPELLINGS = (*ALIASES, LEGACY_DORA)  # other names `adapter_kind` reads as one of ADAPTER_TYPES
 # SA3's documented filter for keeping the seconds_total embedder frozen
 CONDITIONER_EXCLUDE = "seconds_total"
 
 
 @dataclass(frozen=True)
 class LoRAConfig:
-    adapter_type: str = "dora-rows"
-    rank: int = 16
-    alpha: float | None = None  # None: alpha = rank (written as an int)
-    include: tuple[str, ...] | None = None  # None or empty: every layer
-    exclude: tuple[str, ...] | None = DEFAULT_EXCLUDE
+    adapter_type: str = field(
+        default="dora-rows", metadata=spec(choice(ADAPTER_TYPES + tuple(ALIASES) + (LEGACY_DORA,)))
+    )
+    rank: int = field(default=16, metadata=spec(integer(1)))
+    alpha: float | None = field(default=None, metadata=spec(positive(optional=True)))  # None: alpha = rank (an int)
+    include: tuple[str, ...] | None = field(default=None, metadata=spec(texts(optional=True)))  # None/empty: all
+    exclude: tuple[str, ...] | None = field(default=DEFAULT_EXCLUDE, metadata=spec(texts(optional=True)))
     adapt_conditioner: bool = True  # False adds "seconds_total" to exclude
 
     def __post_init__(self):

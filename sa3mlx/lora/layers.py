@@ -18,12 +18,13 @@ import numpy as np
 from sa3mlx.lora.maths import direction_gains, effective_weight_2d, low_rank_factors
 from sa3mlx.lora.svd import svd_bases
 from sa3mlx.lora.types import SAVED_PARAMS, AdapterKind, adapter_kind
+from sa3mlx.runtime.errors import UserError
 from sa3mlx.runtime.precision import compute_dtype
 
 FROZEN_KEYS = ["weight", "bias", "U", "V"]
 
 
-class LoRAShapeError(ValueError):
+class LoRAShapeError(UserError, ValueError):
     """Adapter tensors that do not fit the layer they are loaded into."""
 
 

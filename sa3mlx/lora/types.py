@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sa3mlx.runtime.errors import UserError
+
 ADAPTER_TYPES = ("lora", "dora-rows", "dora-cols", "bora", "lora-xs", "dora-rows-xs", "dora-cols-xs", "bora-xs")
 LEGACY_DORA = "dora"
 # Stability's MLX port spells these; they carry no shape information.
@@ -18,7 +20,7 @@ ALIASES = {"dora-xs": "dora-rows-xs", "xs": "lora-xs"}
 SAVED_PARAMS = ("lora_A", "lora_B", "magnitude", "magnitude_r", "magnitude_c", "M_xs")
 
 
-class AdapterTypeError(ValueError):
+class AdapterTypeError(UserError, ValueError):
     pass
 
 

@@ -21,6 +21,7 @@ import mlx.nn as nn
 from sa3mlx.models.config import ConditionerConfig, DiTConfig, ModelConfig
 from sa3mlx.models.dit import DiT
 from sa3mlx.models.fourier import expo_fourier_features, expo_frequencies
+from sa3mlx.runtime.artifacts import load_mlx_arrays
 from sa3mlx.runtime.layout import MODEL_CONFIG_FILE, SECONDS_FEATURES
 from sa3mlx.runtime.precision import compute_dtype
 
@@ -162,4 +163,6 @@ def load_dit(
                 "(e.g. from sa3mlx.convert.model.dit_config_from_weights)"
             )
         config = ModelConfig.load(config_file)
-    return build_dit(mx.load(str(path)), config.dit, Conditioner.from_config(config.conditioner), dtype)
+    return build_dit(
+        load_mlx_arrays(path, "DiT weights"), config.dit, Conditioner.from_config(config.conditioner), dtype
+    )

@@ -6,10 +6,11 @@ the conditioner, the T5Gemma text encoder and the whole SA3 model.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from sa3mlx.runtime.artifacts import read_json
+from sa3mlx.runtime.errors import UserError
 from sa3mlx.runtime.layout import MODEL_CONFIG_FILE
 
 # Real SA3 DiT sizes (embed_dim, depth) -> family name.
@@ -17,7 +18,7 @@ DIT_FAMILIES = {(1024, 20): "small", (1536, 24): "medium"}
 OBJECTIVES = ("rectified_flow", "rf_denoiser")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A model config is missing a field or disagrees with the weights."""
 
 
@@ -239,7 +240,7 @@ class T5GemmaConfig:
     @classmethod
     def load(cls, folder: str | Path) -> T5GemmaConfig:
         path = Path(folder) / "config.json"
-        return cls.from_hf(json.loads(path.read_text()), str(path))
+        return cls.from_hf(read_json(path, "T5Gemma config"), str(path))
 
 
 @dataclass(frozen=True)
@@ -301,8 +302,4 @@ class ModelConfig:
     @classmethod
     def load(cls, path: str | Path) -> ModelConfig:
         path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}: not valid JSON ({e})") from None
-        return cls.from_dict(data, str(path))
+        return cls.from_dict(read_json(path, "model config"), str(path))

@@ -10,7 +10,6 @@ replaced by the padding embedding downstream anyway.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import mlx.core as mx
@@ -20,6 +19,7 @@ from sa3mlx.models.config import ModelConfig, T5GemmaConfig
 from sa3mlx.models.prompt_cache import CachedPrompt, PromptCache, PromptKey
 from sa3mlx.models.t5gemma import T5GemmaEncoder, load_t5gemma
 from sa3mlx.models.tokenizer import PromptTokenizer
+from sa3mlx.runtime.artifacts import read_json
 from sa3mlx.runtime.io import sha256_file
 from sa3mlx.runtime.layout import MANIFEST_FILE, MODEL_CONFIG_FILE, T5GEMMA_FILE
 
@@ -91,7 +91,7 @@ def weights_id(npz_path: str | Path) -> str:
     path = Path(npz_path)
     manifest = path.parent / MANIFEST_FILE
     if manifest.is_file():
-        entry = json.loads(manifest.read_text()).get("files", {}).get(path.name, {})
-        if entry.get("sha256"):
+        entry = (read_json(manifest, "manifest").get("files") or {}).get(path.name)
+        if isinstance(entry, dict) and entry.get("sha256"):
             return entry["sha256"]
     return sha256_file(path)

@@ -15,7 +15,6 @@ layouts: audio [B, C, samples], latents [B, latent_dim, T]. Compute is fp32.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import mlx.core as mx
@@ -25,6 +24,7 @@ from mlx.utils import tree_flatten
 from sa3mlx.models.config import AutoencoderConfig, ModelConfig, SameConfig
 from sa3mlx.models.patching import patchify, unpatchify
 from sa3mlx.models.same_layers import SameBlock
+from sa3mlx.runtime.artifacts import load_mlx_arrays, read_json
 from sa3mlx.runtime.layout import MODEL_CONFIG_FILE
 
 NOISE_REGULARIZE_EVAL = 1e-3  # official SoftNorm decode noise scale in eval mode
@@ -231,7 +231,7 @@ class SameDecoder(nn.Module):
 def autoencoder_config(folder: str | Path) -> AutoencoderConfig:
     """The codec config from a folder's model_config.json (an SA3 model or a standalone SAME repo)."""
     path = Path(folder) / MODEL_CONFIG_FILE
-    data = json.loads(path.read_text())
+    data = read_json(path, "model config")
     if data.get("model_type") == "autoencoder":
         return AutoencoderConfig.from_standalone(data)
     return ModelConfig.from_dict(data, str(path)).autoencoder
@@ -265,11 +265,11 @@ def load_same_encoder(path: str | Path, config: AutoencoderConfig | None = None,
     """`same_encoder.npz` (config from the model_config.json next to it unless given)."""
     path = Path(path)
     cfg = config or autoencoder_config(path.parent)
-    return same_encoder_from_arrays(dict(mx.load(str(path))), cfg, str(path), **noise)
+    return same_encoder_from_arrays(load_mlx_arrays(path, "SAME encoder weights"), cfg, str(path), **noise)
 
 
 def load_same_decoder(path: str | Path, config: AutoencoderConfig | None = None, **noise) -> SameDecoder:
     """`same_decoder.npz`; noise flags (mask_noise, noise_regularize) are off unless given."""
     path = Path(path)
     cfg = config or autoencoder_config(path.parent)
-    return same_decoder_from_arrays(dict(mx.load(str(path))), cfg, str(path), **noise)
+    return same_decoder_from_arrays(load_mlx_arrays(path, "SAME decoder weights"), cfg, str(path), **noise)

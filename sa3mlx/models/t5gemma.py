@@ -15,6 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from sa3mlx.models.config import T5GemmaConfig
+from sa3mlx.runtime.artifacts import load_mlx_arrays
 from sa3mlx.runtime.precision import compute_dtype
 
 SLIDING = "sliding_attention"
@@ -174,4 +175,4 @@ def t5gemma_from_arrays(arrays: dict, config: T5GemmaConfig) -> T5GemmaEncoder:
 
 def load_t5gemma(npz_path: str | Path, config: T5GemmaConfig) -> T5GemmaEncoder:
     """The encoder from a converted `t5gemma.npz` (fp32 compute on CPU whatever its storage)."""
-    return t5gemma_from_arrays(dict(mx.load(str(npz_path))), config)
+    return t5gemma_from_arrays(load_mlx_arrays(npz_path, "T5Gemma weights"), config)

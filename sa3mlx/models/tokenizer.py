@@ -7,14 +7,16 @@ A folder with only `tokenizer.model` needs the optional `sentencepiece` package.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from sa3mlx.runtime.artifacts import read_json
+from sa3mlx.runtime.errors import ArtifactError, UserError, one_line
 
-class TokenizerError(RuntimeError):
+
+class TokenizerError(UserError, RuntimeError):
     pass
 
 
@@ -67,8 +69,12 @@ class PromptTokenizer:
 
 def _sides(folder: Path) -> dict[str, str]:
     config = folder / "tokenizer_config.json"
-    data = json.loads(config.read_text()) if config.is_file() else {}
-    return {"padding_side": data.get("padding_side", "right"), "truncation_side": data.get("truncation_side", "right")}
+    data = read_json(config, "tokenizer config") if config.is_file() else {}
+    sides = {name: data.get(name, "right") for name in ("padding_side", "truncation_side")}
+    for name, side in sides.items():
+        if side not in ("left", "right"):
+            raise ArtifactError(config, f"damaged tokenizer config ({name} {side!r}: expected left or right)")
+    return sides
 
 
 def _fit(ids, mask, length: int, pad_id: int):
@@ -84,7 +90,10 @@ class _HFJsonBackend:
     def __init__(self, path: Path, max_length: int, pad_id: int, padding_side: str, truncation_side: str):
         from tokenizers import Tokenizer
 
-        self.tok = Tokenizer.from_file(str(path))
+        try:
+            self.tok = Tokenizer.from_file(str(path))
+        except Exception as e:  # the tokenizers library raises a bare Exception for a damaged file
+            raise ArtifactError(path, f"damaged tokenizer ({one_line(e)})") from e
         pad_token = self.tok.id_to_token(pad_id)
         if pad_token is None:
             raise TokenizerError(f"{path}: pad id {pad_id} is not in the vocabulary")

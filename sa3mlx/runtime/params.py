@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import atexit
 import copy
-import dataclasses
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import yaml
 
+from sa3mlx.runtime.errors import MissingParamError, ParamError, UserError
 from sa3mlx.runtime.io import save_json
+from sa3mlx.runtime.schema import SHARED_SPECS, options_from_params
 
 PARAMS_FILE = "params.yaml"
 DVC_FILE = "dvc.yaml"
@@ -34,6 +35,10 @@ AUDIT_ENV = "SA3MLX_PARAMS_AUDIT"
 
 class UndeclaredParamError(LookupError):
     """Not a KeyError on purpose: `.get(key, default)` must not hide an undeclared read."""
+
+
+class UnknownParamError(UndeclaredParamError, UserError):
+    """params.yaml sets a key under a section that the stage does not declare (the user's to fix)."""
 
 
 class ParamsUsage:
@@ -80,15 +85,15 @@ class StageParams(Mapping):
                 "when it changes"
             )
         if key not in self._data:
-            raise KeyError(f"stage '{usage.stage}': param '{path}' is declared but missing from {PARAMS_FILE}")
+            raise MissingParamError(path, f"missing (stage '{usage.stage}' reads it)", show_value=False)
         value = self._data[key]
         if declared is None:  # a section above declared keys: descend
             if not isinstance(value, Mapping):
-                raise KeyError(
-                    f"stage '{usage.stage}': {PARAMS_FILE} '{path}' is not a mapping, but keys under it are declared"
-                )
+                raise ParamError(path, "expected a mapping (keys under it are read)", value)
             return StageParams(value, usage, path)
         usage.read.add(path)
+        if path in SHARED_SPECS:
+            return SHARED_SPECS[path].check(path, value)
         return copy.deepcopy(value)
 
     def __contains__(self, key) -> bool:  # membership is not a read
@@ -101,9 +106,9 @@ class StageParams(Mapping):
         if self._prefix:
             extra = [self._path(key) for key in self._data if not self._visible(key)]
             if extra:
-                raise UndeclaredParamError(
-                    f"{PARAMS_FILE} sets {extra} but stage '{self._usage.stage}' does not declare them under "
-                    f"params: in {DVC_FILE}: add them so a change reruns the stage (or remove them)"
+                raise UnknownParamError(
+                    f"{PARAMS_FILE}: {extra[0]}: unknown key (stage '{self._usage.stage}' does not declare it "
+                    f"under params: in {DVC_FILE}): remove it, or add it there too so a change reruns the stage"
                 )
         return (key for key in self._data if self._visible(key))
 
@@ -149,7 +154,7 @@ def stage_params(stage: str, root: str | Path = ".") -> StageParams:
     """params.yaml under `root`, cut down to what `stage` declares in `root`/dvc.yaml."""
     root = Path(root)
     declared = declared_params(stage, root / DVC_FILE)
-    data = yaml.safe_load((root / PARAMS_FILE).read_text()) or {}
+    data = load_params_file(root / PARAMS_FILE)
     slot = (str(root.resolve()), stage, tuple(declared))
     usage = _USAGE.get(slot)
     if usage is None:
@@ -159,14 +164,27 @@ def stage_params(stage: str, root: str | Path = ".") -> StageParams:
     return StageParams(data, usage)
 
 
+def load_params_file(path: Path) -> dict:
+    """params.yaml as a mapping; a missing file or a YAML mistake is a one-line UserError."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path}: missing (every stage reads its params from it)") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        raise UserError(f"{path}:{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise UserError(f"{path}: expected a mapping of sections (model:, train:, ...)")
+    return data
+
+
 def write_audit(usage: ParamsUsage, folder: Path) -> None:
     save_json(folder / f"{usage.stage}.json", usage.record())
 
 
 def dataclass_from_params(cls, params: Mapping, section: str):
-    """`cls(**params)` for an options dataclass; unknown keys are a clear error naming the section."""
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(params) - known)
-    if unknown:
-        raise ValueError(f"{section}: unknown params {unknown}; known: {sorted(known)}")
-    return cls(**params)
+    """`cls(**params)` for an options dataclass, each value checked (sa3mlx.runtime.schema)."""
+    return options_from_params(cls, params, section)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from sa3mlx.runtime.errors import ArtifactError
 from sa3mlx.runtime.shards import INDEX_KEY, Span, read_index
 
 LOCK_FILE = "dvc.lock"
@@ -103,7 +104,7 @@ class PreviousOutput:
 
         try:
             spans = read_index(self.summary[INDEX_KEY], Path(self.label) / summary, locate, check_sizes=False)
-        except ValueError:
+        except ArtifactError:  # a damaged index: nothing to reuse
             return {}
         return {name: (shard_of_object[span.path], span) for name, span in spans.items()}
 

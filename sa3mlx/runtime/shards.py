@@ -29,6 +29,7 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
+from sa3mlx.runtime.errors import ArtifactError, ParamError, one_line, reading
 from sa3mlx.runtime.io import atomic_path, remove_stale, save_json, sha256_file
 
 LAYOUTS = ("files", "shards", "auto")
@@ -46,7 +47,7 @@ _TAR_FORMAT = tarfile.PAX_FORMAT  # plain ustar headers; a pax record only for l
 def choose_layout(layout: str, clips: int, param: str) -> str:
     """`files` / `shards` as asked; `auto`: shards above AUTO_SHARDS_ABOVE clips."""
     if layout not in LAYOUTS:
-        raise ValueError(f"{param} {layout!r}: expected one of {list(LAYOUTS)}")
+        raise ParamError(param, f"expected one of {', '.join(LAYOUTS)}", layout)
     if layout == "auto":
         return "shards" if clips > AUTO_SHARDS_ABOVE else "files"
     return layout
@@ -66,24 +67,40 @@ class Span:
     path: Path
     offset: int
     size: int
-    label: str  # how errors name it: the file, or `shard.tar:member`
+    label: str  # how messages name it: the file, or `shard.tar:member`
+    member: str | None = None  # its name inside a shard (None: a plain file)
 
-    def read(self) -> bytes:
-        with open(self.path, "rb") as f:
+    def damaged(self, what: str, reason: str) -> ArtifactError:
+        """The error for damaged bytes here: names the file (and the member of a shard) and the fix."""
+        inside = f" {self.member}" if self.member else ""
+        return ArtifactError(self.path, f"damaged {what}{inside} ({reason})")
+
+    def read(self, what: str = "member") -> bytes:
+        with reading(self.path, what), open(self.path, "rb") as f:
             f.seek(self.offset)
             data = f.read(self.size)
         if len(data) != self.size:
-            raise ValueError(f"{self.label}: truncated ({len(data)} of {self.size} bytes)")
+            raise self.damaged(what, f"truncated: {len(data)} of {self.size} bytes")
         return data
 
-    def copy_to(self, out) -> None:
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            _copy_exact(f, out, self.size, self.label)
+    def load_json(self, what: str = "JSON member") -> dict:
+        """The member as a JSON object."""
+        try:
+            value = json.loads(self.read(what).decode("utf-8"))
+        except (UnicodeError, ValueError) as e:
+            raise self.damaged(what, one_line(e)) from None
+        if not isinstance(value, dict):
+            raise self.damaged(what, f"expected a JSON object, found {type(value).__name__}")
+        return value
 
-    def load_npy(self, mmap: bool = True) -> np.ndarray:
+    def copy_to(self, out) -> None:
+        with reading(self.path, "member"), open(self.path, "rb") as f:
+            f.seek(self.offset)
+            _copy_exact(f, out, self)
+
+    def load_npy(self, mmap: bool = True, what: str = "latents") -> np.ndarray:
         """The .npy member as an array, memory-mapped read-only where possible (one seek)."""
-        with open(self.path, "rb") as f:
+        with reading(self.path, what), open(self.path, "rb") as f:
             f.seek(self.offset)
             try:
                 version = np.lib.format.read_magic(f)
@@ -92,11 +109,11 @@ class Span:
                 )
                 shape, fortran, dtype = read_header(f)
             except ValueError as e:
-                raise ValueError(f"{self.label}: not a .npy array ({e})") from None
+                raise self.damaged(what, f"not a .npy array: {one_line(e)}") from None
             header = f.tell() - self.offset
             count = int(np.prod(shape, dtype=np.int64))
             if header + count * dtype.itemsize != self.size:
-                raise ValueError(f"{self.label}: {self.size} bytes do not hold a {dtype} array of shape {shape}")
+                raise self.damaged(what, f"{self.size} bytes do not hold a {dtype} array of shape {shape}")
             if mmap and count and not dtype.hasobject:
                 order = "F" if fortran else "C"
                 return np.memmap(f, dtype, "r", self.offset + header, shape, order)
@@ -104,12 +121,12 @@ class Span:
         return data.reshape(shape, order="F" if fortran else "C")
 
 
-def _copy_exact(src, dst, size: int, label: str) -> None:
-    left = size
+def _copy_exact(src, dst, span: Span) -> None:
+    left = span.size
     while left:
         block = src.read(min(left, 1 << 20))
         if not block:
-            raise ValueError(f"{label}: truncated ({size - left} of {size} bytes)")
+            raise span.damaged("member", f"truncated: {span.size - left} of {span.size} bytes")
         dst.write(block)
         left -= len(block)
 
@@ -134,13 +151,11 @@ class Tree:
 
 
 def read_summary(path: Path) -> dict | None:
-    """A folder's summary file as a dict (None if absent); unreadable is an error naming the fix."""
+    """A folder's summary file as a dict (None if absent); unreadable is an ArtifactError naming the fix."""
     if not path.is_file():
         return None
-    try:
+    with reading(path, "summary file"):
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: unreadable ({e}); run `dvc checkout {path.parent}` (or the stage again)") from None
     return data if isinstance(data, dict) else None
 
 
@@ -149,7 +164,7 @@ def open_tree(root: str | os.PathLike, summary: str | None = None) -> Tree:
     but the summary; hidden names skipped)."""
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"{root}: folder not found")
+        raise ArtifactError(root, "missing folder")
     found = read_summary(root / summary) if summary else None
     if found is not None and INDEX_KEY in found:
         return Tree(root, read_index(found[INDEX_KEY], root / summary, lambda shard: root / shard), "shards")
@@ -166,21 +181,24 @@ def open_tree(root: str | os.PathLike, summary: str | None = None) -> Tree:
 
 def read_index(index: dict, where: Path, locate, check_sizes: bool = True) -> dict[str, Span]:
     """The spans of an index (`where`: the file holding it); `locate(shard)` -> the shard file's path."""
-    fix = f"run `dvc checkout {where.parent}` (or the stage again)"
     try:
         shards, members = index["shards"], index["members"]
         paths = {shard: Path(locate(shard)) for shard in shards}
         spans = {
-            name: Span(paths[shard], offset, size, f"{paths[shard]}:{name}")
+            name: Span(paths[shard], offset, size, f"{paths[shard]}:{name}", name)
             for name, (shard, offset, size) in members.items()
         }
-    except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"{where}: unreadable shard index ({e}); {fix}") from None
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        raise ArtifactError(where, f"damaged shard index ({type(e).__name__}: {one_line(e)})") from None
     if check_sizes:
         for shard, size in shards.items():
-            actual = paths[shard].stat().st_size if paths[shard].is_file() else None
+            if not paths[shard].is_file():
+                raise ArtifactError(paths[shard], f"missing shard (the index in {where.name} names it)")
+            actual = paths[shard].stat().st_size
             if actual != size:
-                raise ValueError(f"{paths[shard]}: {actual} bytes, the index in {where} says {size}; {fix}")
+                raise ArtifactError(
+                    paths[shard], f"damaged shard ({actual} bytes, the index in {where.name} says {size})"
+                )
     return spans
 
 

@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from sa3mlx.runtime.errors import ParamError
+
 BASE_DEFAULTS = {"steps": 50, "cfg": 7.0}  # underfit's RF demos
 ARC_DEFAULTS = {"steps": 8, "cfg": 1.0}  # underfit's ARC demos
 TAIL_SECONDS = 5.0  # rendered and kept past seconds_total, as underfit's trim
@@ -154,6 +156,21 @@ def parse_entries(items, defaults: dict | None = None) -> list[DemoEntry]:
     return [
         item.resolved() if isinstance(item, DemoEntry) else DemoEntry.from_dict(item, defaults) for item in items or ()
     ]
+
+
+def checked_entries(key: str, items, defaults=None) -> list[DemoEntry]:
+    """`parse_entries` of a params list: a bad entry is a ParamError naming `key[i]`."""
+    if not isinstance(items, (list, tuple)):
+        raise ParamError(key, "expected a list of entries", items)
+    if defaults is not None and not isinstance(defaults, dict):
+        raise ParamError(key.rsplit(".", 1)[0] + ".defaults", "expected a mapping {base: ..., arc: ...}", defaults)
+    entries = []
+    for index, item in enumerate(items):
+        try:
+            entries.append(DemoEntry.from_dict(item, defaults))
+        except (ValueError, TypeError, AttributeError) as e:
+            raise ParamError(f"{key}[{index}]", str(e), show_value=False) from None
+    return entries
 
 
 def latent_count(

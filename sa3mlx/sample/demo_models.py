@@ -37,7 +37,7 @@ from sa3mlx.models.config import ModelConfig
 from sa3mlx.models.dit import DiT
 from sa3mlx.models.prompt import PromptEncoder, weights_id
 from sa3mlx.models.same import SameDecoder, SameEncoder, load_same_decoder, load_same_encoder
-from sa3mlx.runtime.layout import DIT_FILE, MODEL_CONFIG_FILE, SAME_DECODER_FILE, SAME_ENCODER_FILE
+from sa3mlx.runtime.layout import DIT_FILE, MODEL_CONFIG_FILE, SAME_DECODER_FILE, SAME_ENCODER_FILE, T5GEMMA_FILE
 from sa3mlx.sample.demo_entries import AdapterRef
 
 ADAPTER_ERRORS = (LoRAShapeError, CheckpointError, KeyError, ValueError)
@@ -114,7 +114,7 @@ class DemoModels:
         if not arc and self._given_live is not None and self._given_live.prompts is not None:
             return self._given_live.prompts
         folder = self.folder(arc)
-        key = weights_id(folder / "t5gemma.npz")
+        key = weights_id(folder / T5GEMMA_FILE)
         if key not in self._prompts:
             self._prompts[key] = PromptEncoder.from_converted(folder)
         return self._prompts[key]

@@ -23,6 +23,7 @@ import numpy as np
 from sa3mlx.lora.checkpoint import read_lora
 from sa3mlx.models.conditioning import local_conditioning, text_to_audio_local
 from sa3mlx.models.config import ModelConfig
+from sa3mlx.runtime.errors import UserError
 from sa3mlx.runtime.io import sha256_file
 from sa3mlx.runtime.layout import MODEL_CONFIG_FILE
 from sa3mlx.sample import generation
@@ -35,7 +36,7 @@ from sa3mlx.sample.shifts import SA3_SAMPLING_SHIFT, make_shift
 MIN_NOISE_LEVEL = 0.01  # below this the model is evaluated at t ~ 0, where it is undefined
 
 
-class GenerateError(ValueError):
+class GenerateError(UserError, ValueError):
     """A request that cannot be generated; the message names the flag or file."""
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
@@ -26,6 +26,7 @@ import numpy as np
 from sa3mlx.models.conditioning import DiTInputs, text_to_audio_local
 from sa3mlx.models.config import ModelConfig
 from sa3mlx.models.same_chunked import decode_long
+from sa3mlx.runtime.schema import check_section, field_specs, integer, number, spec
 from sa3mlx.sample.audio_out import to_int16, write_mp3, write_sidecar, write_wav
 from sa3mlx.sample.demo_entries import (
     TAIL_SECONDS,
@@ -49,19 +50,17 @@ Velocity = Callable[[mx.array, mx.array], mx.array]
 
 @dataclass(frozen=True)
 class RenderOptions:
-    tail_seconds: float = TAIL_SECONDS  # rendered and kept past seconds_total
+    tail_seconds: float = field(default=TAIL_SECONDS, metadata=spec(number(0)))  # rendered and kept past seconds_total
     wav: bool = False  # also write <stem>.wav (16-bit)
-    decode_chunk: int = 128  # SAME decode chunk (latents) and overlap, as the encode stage
-    decode_overlap: int = 32
+    decode_chunk: int = field(default=128, metadata=spec(integer(1)))  # SAME decode chunk (latents), as encode
+    decode_overlap: int = field(default=32, metadata=spec(integer(0)))
 
     @classmethod
-    def from_params(cls, params: dict) -> RenderOptions:
-        return cls(
-            float(params.get("tail_seconds", TAIL_SECONDS)),
-            bool(params.get("wav", False)),
-            int(params.get("decode_chunk", 128)),
-            int(params.get("decode_overlap", 32)),
-        )
+    def from_params(cls, params, section: str = "demo") -> RenderOptions:
+        """The keys of `params` (a demo section) that are fields here, checked; the others are ignored."""
+        specs = field_specs(cls)
+        values = check_section(section, {key: params[key] for key in specs if key in params}, specs)
+        return cls(**{key: float(v) if key == "tail_seconds" else v for key, v in values.items()})
 
 
 # -- schedules ---------------------------------------------------------------------------------------

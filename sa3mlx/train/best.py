@@ -18,33 +18,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sa3mlx.lora.checkpoint import save_lora
+from sa3mlx.runtime.errors import ParamError
 from sa3mlx.runtime.io import copy_atomic
+from sa3mlx.runtime.schema import check_mapping, integer, number, options_from_params, spec
 from sa3mlx.train.contract import StepReport, TrainingCallback
 from sa3mlx.train.progress import emit
-
-KEYS = ("smoothing", "warmup")
 
 
 @dataclass(frozen=True)
 class BestSettings:
-    smoothing: float = 0.9  # EMA weight of the previous value (underfit's loss chart smooths with 0.92)
-    warmup: int = 50  # averaged steps before the EMA may pick a best
+    smoothing: float = field(default=0.9, metadata=spec(number(0, 1)))  # EMA weight of the previous value
+    warmup: int = field(default=50, metadata=spec(integer(0)))  # averaged steps before the EMA may pick a best
 
     @classmethod
     def from_params(cls, params: dict | None) -> BestSettings:
-        params = dict(params or {})
-        unknown = sorted(set(params) - set(KEYS))
-        if unknown:
-            raise ValueError(f"train.best: unknown key(s) {unknown}; known: {list(KEYS)}")
-        settings = cls(**{k: v for k, v in params.items() if v is not None})
-        if not 0.0 <= settings.smoothing < 1.0:
-            raise ValueError(f"train.best.smoothing must be in [0, 1), got {settings.smoothing}")
-        if settings.warmup < 0:
-            raise ValueError(f"train.best.warmup must be >= 0, got {settings.warmup}")
+        params = {k: v for k, v in check_mapping("train.best", params or {}).items() if v is not None}
+        settings = options_from_params(cls, params, "train.best")
+        if settings.smoothing >= 1.0:
+            raise ParamError("train.best.smoothing", "expected a number in [0, 1)", settings.smoothing)
         return settings
 
 

@@ -23,12 +23,15 @@ from pathlib import Path
 
 from sa3mlx.lora.checkpoint import save_lora
 from sa3mlx.models.prompt import PromptEncoder
-from sa3mlx.sample.demo_entries import DemoEntry, parse_entries
+from sa3mlx.runtime.errors import ArtifactError, ParamError
+from sa3mlx.runtime.schema import flag, integer
+from sa3mlx.sample.demo_entries import DemoEntry, checked_entries
 from sa3mlx.sample.demo_models import DemoModels, LiveModel
 from sa3mlx.sample.render import RenderOptions, render_demos
 from sa3mlx.train.contract import StepReport, TrainingCallback
 from sa3mlx.train.progress import emit
 
+EVERY = integer(0)  # steps between renders; 0: off
 KEYS = ("every", "entries", "defaults", "baselines", "tail_seconds", "wav", "decode_chunk", "decode_overlap")
 
 
@@ -46,12 +49,11 @@ class DemoSettings:
         params = dict(params or {})
         unknown = sorted(set(params) - set(KEYS))
         if unknown:
-            raise ValueError(f"train.demos: unknown key(s) {unknown}; known: {list(KEYS)}")
-        every = int(params.get("every") or 0)
-        if every < 0:
-            raise ValueError(f"train.demos.every must be >= 0 (0: off), got {every}")
-        entries = tuple(parse_entries(params.get("entries") or [], params.get("defaults")))
-        return cls(every, entries, bool(params.get("baselines", True)), RenderOptions.from_params(params))
+            raise ParamError(f"train.demos.{unknown[0]}", f"unknown key; known: {', '.join(KEYS)}", show_value=False)
+        every = EVERY.check("train.demos.every", params.get("every") or 0)
+        entries = tuple(checked_entries("train.demos.entries", params.get("entries") or [], params.get("defaults")))
+        baselines = flag().check("train.demos.baselines", params.get("baselines", True))
+        return cls(every, entries, baselines, RenderOptions.from_params(params, "train.demos"))
 
     @property
     def on(self) -> bool:
@@ -78,9 +80,9 @@ class TrainDemos(TrainingCallback):
         say: Callable[[str], None] = emit,
     ):
         if settings.needs_arc and (arc_dir is None or not Path(arc_dir).is_dir()):
-            raise ValueError(
-                f"train.demos has ARC entries but the ARC model folder {arc_dir} is missing "
-                "(model.arc, converted by the convert stage)"
+            raise ArtifactError(
+                Path(arc_dir or "models/converted/<model.arc>"),
+                "missing (train.demos has ARC entries: they render on model.arc, converted by the convert stage)",
             )
         self.settings, self.session, self.out_dir = settings, session, Path(out_dir)
         self.label, self.say = label, say

@@ -24,8 +24,10 @@ from typing import IO
 import yaml
 
 from sa3mlx.data.dataset import BatchLoader, EpochSampler, PreEncodedDataset, find_latents
+from sa3mlx.lora.checkpoint import read_lora
 from sa3mlx.lora.types import adapter_kind
 from sa3mlx.models.config import ModelConfig
+from sa3mlx.runtime.errors import ParamError
 from sa3mlx.runtime.io import copy_atomic
 from sa3mlx.runtime.layout import (
     DVCLIVE_TRAIN_DIR,
@@ -39,30 +41,34 @@ from sa3mlx.runtime.layout import (
 from sa3mlx.runtime.layout import (
     svd_dir as svd_folder,
 )
+from sa3mlx.runtime.schema import check_section, choice, flag, integer, mapping, text
 from sa3mlx.train import progress as P
 from sa3mlx.train.best import BestCheckpoint, BestSettings
 from sa3mlx.train.demos import DemoSettings, TrainDemos
+from sa3mlx.train.distributed import DistributedSettings, World, make_loop, run_rank, sync_start
 from sa3mlx.train.guards import empty_prompt_lines
 from sa3mlx.train.loop import LoopSettings, TrainingLoop
 from sa3mlx.train.metrics import TrainingMetrics
-from sa3mlx.train.presets import DEFAULT_PRESET, TrainConfig, resolve
+from sa3mlx.train.presets import DEFAULT_PRESET, PRESETS, TrainConfig, resolve
 from sa3mlx.train.resume import fingerprint, fingerprint_inputs, load_resume, prepare_run, resume_files
 from sa3mlx.train.runs import RunPaths
 from sa3mlx.train.validation import ValidationSettings, Validator
 
-# not TrainConfig fields
-STAGE_KEYS = (
-    "preset",
-    "name",
-    "smoke",
-    "init_from",
-    "step_offset",
-    "epoch_offset",
-    "demos",
-    "validation",
-    "best",
-    "strict",
-)
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+STAGE_SPECS = {  # the train section's keys that are not TrainConfig fields
+    "preset": choice(list(PRESETS), optional=True),
+    "name": text(NAME_RE.pattern, optional=True),  # it names folders and files
+    "smoke": flag(),
+    "init_from": text(optional=True),
+    "step_offset": integer(0, optional=True),
+    "epoch_offset": integer(0, optional=True),
+    "demos": mapping(optional=True),
+    "validation": mapping(optional=True),
+    "best": mapping(optional=True),
+    "strict": flag(),
+    "distributed": mapping(optional=True),
+}
+STAGE_KEYS = tuple(STAGE_SPECS)
 # deps that only the in-training demos read: declared (DVC reruns the stage) but not fingerprinted (it resumes)
 DEMO_DEPS = (
     "models/converted/${model.arc}",
@@ -80,7 +86,6 @@ DEMO_DEPS = (
     "sa3mlx/sample/schedule.py",
 )
 BEST_SUFFIX = "-best"  # models/lora/<name>-best.safetensors
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 SMOKE_STEPS = (3, 3)  # steps before the save, steps after the resume
 
 
@@ -101,10 +106,11 @@ class TrainJob:
     validation: ValidationSettings = ValidationSettings()
     best: BestSettings = BestSettings()
     strict: bool = False  # fail on a prompt census over the limit instead of warning
+    distributed: DistributedSettings = DistributedSettings()  # not fingerprinted: another world size resumes
 
     @classmethod
     def from_params(cls, params: dict, base: str, root: str | Path = ".", arc: str | None = None) -> TrainJob:
-        stage = {k: params[k] for k in STAGE_KEYS if k in params}
+        stage = check_section("train", {k: params[k] for k in STAGE_KEYS if k in params}, STAGE_SPECS)
         overrides = {k: v for k, v in params.items() if k not in STAGE_KEYS}
         cfg = resolve(stage.get("preset"), overrides)
         job = cls(
@@ -122,12 +128,10 @@ class TrainJob:
             validation=ValidationSettings.from_params(stage.get("validation")),
             best=BestSettings.from_params(stage.get("best")),
             strict=bool(stage.get("strict", False)),
+            distributed=DistributedSettings.from_params(stage.get("distributed")),
         )
-        if not NAME_RE.fullmatch(job.name):
-            raise ValueError(
-                f"train.name '{job.name}' must be letters, digits, '.', '_' or '-' (it names folders and files)"
-            )
         job.check_declared(params)
+        job.distributed.check_batch(cfg.batch_size, cfg.grad_accum)
         return job
 
     # ---- paths ----------------------------------------------------------------------------------
@@ -190,9 +194,11 @@ class TrainJob:
         names = {p for p in declared["params"] if isinstance(p, str)}
         missing = sorted(f"train.{k}" for k in params if "train" not in names and f"train.{k}" not in names)
         if missing:
-            raise ValueError(
-                f"{self.dvc_file}: params.yaml sets {missing} but the train stage does not declare "
-                "them under params: add them so a change reruns the stage"
+            raise ParamError(
+                missing[0],
+                f"unknown key (the train stage does not declare it under params: in {self.dvc_file}): remove it, or "
+                "add it there too so a change reruns the stage",
+                show_value=False,
             )
 
     def fingerprint_payload(self) -> dict:
@@ -268,21 +274,31 @@ class TrainJob:
         console = P.Console(out)
         if self.smoke_mode:
             return self.smoke(console.out)
+        world = World.current(self.distributed)  # one process unless started by mlx.launch
+        return run_rank(self, world, console) if world.size > 1 else self.train(console, world)
+
+    def train(self, console: P.Console, world: World) -> int:
+        """The run on rank 0 (the one that writes the outputs) or alone."""
+        session, loader = self.build()  # every input read (a damaged one refused) before the run is touched
+        if self.init_from:
+            read_lora(self.root / self.init_from)
+        self.validation_dataset()  # held-out files too
         payload = self.fingerprint_payload()
         key = fingerprint(payload)
         run = self.run_paths()
         choice, lines = prepare_run(run.root, key, payload)
         run.ensure_root()
         console.say([f"train: {self.describe()}", *lines])
-        session, loader = self.build()
         settings = LoopSettings.from_config(self.cfg, fingerprint=key, fingerprint_inputs=payload)
         metrics = TrainingMetrics(self.metrics_dir, choice.state.step if choice.state else None)
         callbacks = self.callbacks(session, loader, run, metrics, console)
-        loop = TrainingLoop(session, loader, run, settings, callbacks=callbacks, console=console)
+        loop = make_loop(world, session, loader, run, settings, callbacks=callbacks, console=console)
         if choice.state is not None:
             loop.restore(choice.state, choice.checkpoint)
         elif self.init_from:
             loop.start_from_adapter(self.root / self.init_from, self.step_offset, self.epoch_offset)
+        saved_world = choice.state.loop.get("world_size", 1) if choice.state is not None else None
+        sync_start(world, loop, saved_world, say=console.say)
         result = loop.run()
         if result.status == "done" and result.checkpoint is not None:
             copy_atomic(result.checkpoint, self.final_adapter)

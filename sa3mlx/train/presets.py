@@ -24,59 +24,62 @@ Every field can be overridden; an unknown key is an error naming the known ones.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
 from sa3mlx.data.prompts import PromptTemplate
 from sa3mlx.lora.config import LoRAConfig
 from sa3mlx.models.config import ModelConfig
+from sa3mlx.runtime.errors import ParamError
 from sa3mlx.runtime.io import plain
+from sa3mlx.runtime.schema import choice, field_specs, integer, number, options_from_params, positive, spec
 from sa3mlx.train.optim import SCHEDULES, make_schedule
-from sa3mlx.train.timesteps import check_sampler
+from sa3mlx.train.timesteps import SAMPLERS, check_sampler
 
 DEFAULT_PRESET = "underfit-dashboard"
 LOSS_NORMALIZATIONS = ("none", "timestep", "sample", "sample_channel")
 CROP_BY_FAMILY = {"small": 1300, "medium": 4096}  # underfit's registry defaults, in latents
 # left out of the resume fingerprint: a longer run resumes; max_minutes counts only under WSD
 NOT_FINGERPRINTED = ("max_steps", "max_minutes")
+WEIGHT = number(0)  # each of betas and inpaint_mask_probabilities
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     # data
-    latent_crop_length: int | None = None  # None: the model family's default (CROP_BY_FAMILY)
+    latent_crop_length: int | None = field(default=None, metadata=spec(integer(1, optional=True)))  # None: by family
     random_crop: bool = True
-    batch_size: int = 1
+    batch_size: int = field(default=1, metadata=spec(integer(1)))
     drop_last: bool = False
-    seed: int = 42
+    seed: int = field(default=42, metadata=spec(integer(0)))
     prompts: PromptTemplate | None = None  # None: underfit's legacy tag prompt
     # adapter
     adapter: LoRAConfig = field(default_factory=LoRAConfig)
     # objective
-    timestep_sampler: str = "uniform"
+    timestep_sampler: str = field(default="uniform", metadata=spec(choice(SAMPLERS)))
     timestep_sampler_options: dict = field(default_factory=dict)
     use_effective_length_for_schedule: bool | None = None  # None: as the model config says
-    cfg_dropout_prob: float = 0.1
+    cfg_dropout_prob: float = field(default=0.1, metadata=spec(number(0, 1)))
     inpaint_mask_probabilities: tuple[float, float, float] | None = None  # None: all-ones mask, zero context
     mask_padding_attention: bool | None = None  # None: as the model config says
-    mask_loss_weight: float = 0.0  # official kept-context term
-    padding_loss_weight: float = 0.0  # underfit's padding-term weight
-    loss_normalization: str = "none"
-    loss_norm_eps: float = 1e-6
+    mask_loss_weight: float = field(default=0.0, metadata=spec(number(0)))  # official kept-context term
+    padding_loss_weight: float = field(default=0.0, metadata=spec(number(0)))  # underfit's padding-term weight
+    loss_normalization: str = field(default="none", metadata=spec(choice(LOSS_NORMALIZATIONS)))
+    loss_norm_eps: float = field(default=1e-6, metadata=spec(positive()))
     # optimisation
-    lr: float | None = None
+    lr: float | None = field(default=None, metadata=spec(positive(optional=True)))
     betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    lr_schedule: str = "none"
+    eps: float = field(default=1e-8, metadata=spec(positive()))
+    weight_decay: float = field(default=0.01, metadata=spec(number(0)))
+    lr_schedule: str = field(default="none", metadata=spec(choice(SCHEDULES)))
     lr_schedule_options: dict = field(default_factory=dict)
-    max_minutes: float | None = None  # wall-clock budget of the `wsd` schedule
-    grad_clip: float | None = None
-    grad_accum: int = 1
+    max_minutes: float | None = field(default=None, metadata=spec(positive(optional=True)))  # `wsd`'s budget
+    grad_clip: float | None = field(default=None, metadata=spec(number(0, optional=True)))
+    grad_accum: int = field(default=1, metadata=spec(integer(1)))
     # run length and saving
-    max_steps: int = 20000  # absolute global step target
-    checkpoint_every: int = 1000
-    keep_last: int | None = None  # None: keep every checkpoint
-    max_nonfinite: int = 10  # non-finite losses in a row before stopping
+    max_steps: int = field(default=20000, metadata=spec(integer(1)))  # absolute global step target
+    checkpoint_every: int = field(default=1000, metadata=spec(integer(1)))
+    keep_last: int | None = field(default=None, metadata=spec(integer(1, optional=True)))  # None: keep every one
+    max_nonfinite: int = field(default=10, metadata=spec(integer(1)))  # non-finite losses in a row before stopping
 
     def crop_length(self, variant: str) -> int:
         """The crop in latents: explicit, else the model family's default."""
@@ -84,7 +87,8 @@ class TrainConfig:
             return self.latent_crop_length
         family = variant.split("-")[0]
         if family not in CROP_BY_FAMILY:
-            raise ValueError(f"no default latent_crop_length for a '{variant}' model: set train.latent_crop_length")
+            problem = f"required: a '{variant}' model has no default (1300 small, 4096 medium)"
+            raise ParamError("train.latent_crop_length", problem, show_value=False)
         return CROP_BY_FAMILY[family]
 
     def for_model(self, model: ModelConfig) -> TrainConfig:
@@ -142,22 +146,26 @@ def resolve(preset: str | None = None, overrides: dict | None = None) -> TrainCo
     """The preset's defaults with `overrides` applied (nested `adapter` / `prompts` dicts merge)."""
     name = preset or DEFAULT_PRESET
     if name not in PRESETS:
-        raise ValueError(f"unknown train preset '{name}'; expected one of {', '.join(PRESETS)}")
+        raise ParamError("train.preset", f"expected one of {', '.join(PRESETS)}", name)
     values = dict(PRESETS[name])
     overrides = dict(overrides or {})
-    for choice, options in (("lr_schedule", "lr_schedule_options"), ("timestep_sampler", "timestep_sampler_options")):
-        if choice in overrides and overrides[choice] != values.get(choice) and options not in overrides:
+    for picked, options in (("lr_schedule", "lr_schedule_options"), ("timestep_sampler", "timestep_sampler_options")):
+        if picked in overrides and overrides[picked] != values.get(picked) and options not in overrides:
             values.pop(options, None)  # another schedule / sampler: its own defaults, not the preset's options
     for key, value in overrides.items():
         if key in ("adapter", "prompts") and isinstance(value, dict) and isinstance(values.get(key), dict):
             values[key] = {**values[key], **value}
         else:
             values[key] = value
-    known = {f.name for f in fields(TrainConfig)}
-    unknown = sorted(set(values) - known)
+    specs = field_specs(TrainConfig)
+    unknown = sorted(set(values) - set(specs))
     if unknown:
-        raise ValueError(f"unknown train setting(s) {unknown}; known: {sorted(known)}")
-    cfg = replace(TrainConfig(), **{k: _coerce(k, v) for k, v in values.items()})
+        known = ", ".join(sorted(specs))
+        raise ParamError(
+            f"train.{unknown[0]}", f"unknown key (not a TrainConfig field); known: {known}", show_value=False
+        )
+    checked = {k: _coerce(k, specs[k].check(f"train.{k}", v)) for k, v in values.items()}
+    cfg = replace(TrainConfig(), **checked)
     validate(cfg, name)
     return cfg
 
@@ -166,15 +174,18 @@ def _coerce(key: str, value):
     if key == "adapter":
         if isinstance(value, LoRAConfig):
             return value
-        value = dict(value or {})
-        for k in ("include", "exclude"):
-            if isinstance(value.get(k), list):
-                value[k] = tuple(value[k])
-        return LoRAConfig(**value)
+        config = options_from_params(LoRAConfig, value or {}, "train.adapter")
+        include, exclude = (tuple(v) if isinstance(v, list) else v for v in (config.include, config.exclude))
+        return replace(config, include=include, exclude=exclude)
     if key == "prompts":
-        return value if value is None or isinstance(value, PromptTemplate) else PromptTemplate.from_dict(value)
+        if value is None or isinstance(value, PromptTemplate):
+            return value
+        try:
+            return PromptTemplate.from_dict(value)
+        except (ValueError, TypeError) as e:
+            raise ParamError("train.prompts", str(e), show_value=False) from None
     if key in ("betas", "inpaint_mask_probabilities") and value is not None:
-        return tuple(float(v) for v in value)
+        return tuple(WEIGHT.check(f"train.{key}[{i}]", v) for i, v in enumerate(value))
     if key in ("timestep_sampler_options", "lr_schedule_options"):
         return dict(value or {})
     return value
@@ -183,16 +194,23 @@ def _coerce(key: str, value):
 def validate(cfg: TrainConfig, preset: str = "") -> None:
     where = f"train ({preset})" if preset else "train"
     if cfg.lr is None:
-        raise ValueError(f"{where}: lr is required (this preset, like underfit's loop, has no default)")
-    check_sampler(cfg.timestep_sampler, cfg.timestep_sampler_options)
+        problem = f"required: preset {preset or DEFAULT_PRESET}, like underfit's loop, has no default"
+        raise ParamError("train.lr", problem, show_value=False)
+    try:
+        check_sampler(cfg.timestep_sampler, cfg.timestep_sampler_options)
+    except ValueError as e:
+        raise ParamError("train.timestep_sampler_options", str(e), show_value=False) from None
     if cfg.lr_schedule not in SCHEDULES:
         raise ValueError(f"{where}: unknown lr_schedule '{cfg.lr_schedule}'; expected one of {', '.join(SCHEDULES)}")
     options = dict(cfg.lr_schedule_options)
     if cfg.lr_schedule == "wsd":
         if not cfg.max_minutes:
-            raise ValueError(f"{where}: lr_schedule wsd needs max_minutes")
+            raise ParamError("train.max_minutes", "required by lr_schedule wsd (its plan)", show_value=False)
         options["max_minutes"] = cfg.max_minutes
-    make_schedule(cfg.lr_schedule, cfg.lr, options)
+    try:
+        make_schedule(cfg.lr_schedule, cfg.lr, options)
+    except (ValueError, TypeError) as e:
+        raise ParamError("train.lr_schedule_options", str(e), show_value=False) from None
     if cfg.loss_normalization not in LOSS_NORMALIZATIONS:
         raise ValueError(
             f"{where}: unknown loss_normalization '{cfg.loss_normalization}'; "
@@ -200,9 +218,8 @@ def validate(cfg: TrainConfig, preset: str = "") -> None:
         )
     probs = cfg.inpaint_mask_probabilities
     if probs is not None and (len(probs) != 3 or min(probs) < 0 or sum(probs) <= 0):
-        raise ValueError(
-            f"{where}: inpaint_mask_probabilities must be 3 non-negative weights "
-            f"[segments, full, causal], got {list(probs)}"
+        raise ParamError(
+            "train.inpaint_mask_probabilities", "expected 3 non-negative weights [segments, full, causal]", list(probs)
         )
     for name in ("batch_size", "grad_accum", "max_steps", "checkpoint_every", "max_nonfinite"):
         if int(getattr(cfg, name)) < 1:

@@ -22,12 +22,15 @@ from pathlib import Path
 
 import numpy as np
 
+from sa3mlx.runtime.errors import ArtifactError, UserError, display_path
 from sa3mlx.runtime.io import atomic_path, save_json, sha256_file
+from sa3mlx.runtime.layout import LORA_DIR
 from sa3mlx.train.runs import checkpoint_epoch, checkpoint_step, clear_run, list_checkpoints
 
 STATE_VERSION = 1
 RESUME_PREFIX = "resume-"
 ARRAY_TAG = "__array__"
+KEEP_DIR = LORA_DIR  # where the refusal of a damaged state suggests moving its checkpoint
 
 
 # ---- the state --------------------------------------------------------------------------------
@@ -79,8 +82,12 @@ def save_resume(checkpoint: str | Path, state: ResumeState) -> Path:
     return json_path
 
 
-class ResumeError(ValueError):
+class ResumeError(UserError, ValueError):
     pass
+
+
+class DamagedResumeError(ResumeError):
+    """A resume state whose json (the commit mark) exists but cannot be used: damage, not a killed save."""
 
 
 def load_resume(json_path: str | Path) -> ResumeState:
@@ -88,13 +95,24 @@ def load_resume(json_path: str | Path) -> ResumeState:
     try:
         record = json.loads(json_path.read_text())
     except (OSError, ValueError) as e:
-        raise ResumeError(f"{json_path}: unreadable resume state ({e})") from None
+        raise DamagedResumeError(f"{json_path}: unreadable resume state ({e})") from None
+    if not isinstance(record, dict):
+        raise DamagedResumeError(f"{json_path}: unreadable resume state (not a JSON object)")
     if record.get("version") != STATE_VERSION:
         raise ResumeError(f"{json_path}: resume state version {record.get('version')}, expected {STATE_VERSION}")
+    try:
+        return _state_from_record(json_path, record)
+    except DamagedResumeError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, EOFError, AttributeError) as e:
+        raise DamagedResumeError(f"{json_path}: damaged resume state ({type(e).__name__}: {e})") from None
+
+
+def _state_from_record(json_path: Path, record: dict) -> ResumeState:
     npz_path = json_path.parent / record["arrays"]
     if not npz_path.is_file() or sha256_file(npz_path) != record["arrays_sha256"]:
-        raise ResumeError(f"{json_path}: its arrays ({npz_path.name}) are missing or do not match their hash")
-    with np.load(npz_path) as f:
+        raise DamagedResumeError(f"{json_path}: its arrays ({npz_path.name}) are missing or do not match their hash")
+    with np.load(npz_path, allow_pickle=False) as f:
         arrays = {k: f[k] for k in f.files}
     adapter = {k: arrays[f"adapter/{k}"] for k in record["adapter"]}
     return ResumeState(
@@ -107,6 +125,19 @@ def load_resume(json_path: str | Path) -> ResumeState:
         loop=record.get("loop", {}),
         fingerprint_inputs=record.get("fingerprint_inputs", {}),
         checkpoint=record["checkpoint"],
+    )
+
+
+def refuse_damaged(checkpoint: Path, error: DamagedResumeError) -> ArtifactError:
+    """The one line for a damaged state: the checkpoint stays, and how to go on from it."""
+    json_path = resume_files(checkpoint)[1]
+    problem = str(error).removeprefix(f"{json_path}: ")
+    return ArtifactError(
+        json_path,
+        f"{problem}; nothing was removed: its checkpoint {display_path(checkpoint)} is kept",
+        f"to continue from it, move it out of the run (`mv {display_path(checkpoint)} {KEEP_DIR}/`) and set "
+        f"`train.init_from: {KEEP_DIR}/{checkpoint.name}` (a fresh run counting from its step); or delete "
+        f"{json_path.name} to resume from the state before it",
     )
 
 
@@ -165,7 +196,9 @@ def find_resume(root: str | Path, fingerprint: str) -> ResumeChoice:
             continue
         try:
             state = load_resume(json_path)
-        except ResumeError:
+        except DamagedResumeError as e:
+            raise refuse_damaged(checkpoint, e) from None
+        except ResumeError:  # an older state version: like a killed save, its steps are trained again
             orphans.append(checkpoint)
             continue
         if state.fingerprint != fingerprint:

@@ -80,6 +80,7 @@ class TrainingSession:
             options["max_minutes"] = cfg.max_minutes
         self.schedule = make_schedule(cfg.lr_schedule, cfg.lr, options)
         self.core = StepCore(dit, cond, adapters, self.objective, self.optimizer, cfg.grad_clip, compile)
+        self.share = (0, 1)  # (rank, ranks): this process's rows of each batch (sa3mlx/train/distributed.py)
         self.updates = 0  # optimizer steps applied (the schedule's k)
         self.skipped = 0  # steps skipped for a non-finite loss or gradient
 
@@ -110,13 +111,12 @@ class TrainingSession:
     # ---- one step --------------------------------------------------------------------------
 
     def prepare(self, batch, rng: np.random.Generator) -> Prepared:
-        """Host draws and prompt embeddings of one (micro-)batch, as StepCore arrays."""
+        """Host draws and prompt embeddings of one (micro-)batch, as StepCore arrays (this rank's rows; `t`: all)."""
         x0 = np.asarray(_field(batch, "latents"), np.float32)
         padding = np.asarray(_field(batch, "padding_mask"), bool)
         seconds = np.asarray(_field(batch, "seconds_total"), np.float64)
         prompts = list(_field(batch, "prompts"))
         size, _, length = x0.shape
-        hidden, prompt_mask = self.prompts(prompts)
         raw_t = sample_timesteps(self.cfg.timestep_sampler, size, rng, self.cfg.timestep_sampler_options)
         seq_len = schedule_seq_len(
             seconds,
@@ -130,8 +130,6 @@ class TrainingSession:
             "x0": x0,
             "noise": draw_noise(rng, x0.shape),
             "t": t,
-            "prompt_hidden": hidden,
-            "prompt_mask": prompt_mask,
             "seconds": seconds.astype(np.float32),
             "drop": draw_cfg_dropout(rng, size, self.objective.cfg_dropout_prob),
             "padding_mask": padding,
@@ -140,7 +138,12 @@ class TrainingSession:
             arrays["inpaint_mask"] = random_inpaint_masks(
                 rng, padding, self.objective.inpaint_mask_probabilities, mask_padding=self.objective.dit_padding_mask
             )
-        return Prepared({k: mx.array(v) for k, v in arrays.items()}, t)
+        # every rank draws for the whole (micro-)batch, then keeps its rows (a 1-rank run's draws)
+        rank, ranks = self.share
+        rows = slice(rank * size // ranks, (rank + 1) * size // ranks)
+        prepared = {k: mx.array(v[rows]) for k, v in arrays.items()}
+        prepared["prompt_hidden"], prepared["prompt_mask"] = self.prompts(prompts[rows])
+        return Prepared(prepared, t)
 
     def micro_batches(self, batch) -> list:
         """A list/tuple of batches as given; one batch split into `grad_accum` equal parts."""

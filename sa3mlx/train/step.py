@@ -118,6 +118,7 @@ class StepCore:
         self.params = AdapterParams(layers)
         self.values = self.params.read()
         self.optimizer, self.grad_clip = optimizer, grad_clip
+        self.reduce = keep_local  # (loss, grads) -> across ranks (sa3mlx/train/distributed.py), before clipping
         optimizer.init(self.values)
         self._value_and_grad = loss_and_grads(dit, cond, self.params, cfg)
         self.compiled = compile
@@ -148,7 +149,7 @@ class StepCore:
         return norm, finite, magnitude
 
     def _fused_fn(self, batch: dict):
-        loss, grads = self._grads_fn(batch)
+        loss, grads = self.reduce(*self._grads_fn(batch))
         return (loss, *self._update_fn(grads, mx.isfinite(loss)))
 
     def run(self, batches: list[dict]) -> tuple[mx.array, mx.array, mx.array, mx.array]:
@@ -171,8 +172,8 @@ class StepCore:
             self.params.write(self.values)
             losses.append(loss)
             total = accumulate(total, grads)
-        loss = mx.mean(mx.stack(losses))
-        return (loss, *self._update(average(total, len(batches)), mx.isfinite(loss)))
+        loss, grads = self.reduce(mx.mean(mx.stack(losses)), average(total, len(batches)))
+        return (loss, *self._update(grads, mx.isfinite(loss)))
 
     def load_values(self, values: dict[str, mx.array]) -> None:
         """Replace the adapter tensors in place (the compiled graphs keep reading this dict)."""
@@ -182,6 +183,11 @@ class StepCore:
         for key in self.values:
             self.values[key] = mx.array(values[key]).astype(mx.float32)
         self.params.write(self.values)
+
+
+def keep_local(loss: mx.array, grads: dict) -> tuple[mx.array, dict]:
+    """One process: the loss and gradients as they are."""
+    return loss, grads
 
 
 def _snapshot(state):

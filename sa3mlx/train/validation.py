@@ -19,13 +19,15 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
 import numpy as np
 
 from sa3mlx.data.dataset import LatentFile, PreEncodedDataset
 from sa3mlx.data.prompts import build_prompt
+from sa3mlx.runtime.errors import ParamError
+from sa3mlx.runtime.schema import check_mapping, integer, listing, number, options_from_params, spec
 from sa3mlx.train.contract import StepReport, TrainingCallback
 from sa3mlx.train.demos import uncached
 from sa3mlx.train.objective import ObjectiveConfig, draw_noise, random_inpaint_masks
@@ -34,7 +36,7 @@ from sa3mlx.train.step import batch_loss
 
 VALIDATION_STREAM = 0x56414C  # "VAL": the split, the crops, the noise and the masks of validation
 DEFAULT_TIMESTEPS = (0.1, 0.3, 0.5, 0.7, 0.9)
-KEYS = ("every", "fraction", "folder", "timesteps", "batch_size")
+TIMESTEP = number(0, 1, above=True)  # each of train.validation.timesteps
 LOSS_METRIC = "val/loss"
 
 
@@ -44,35 +46,35 @@ def per_t_metric(t: float) -> str:
 
 @dataclass(frozen=True)
 class ValidationSettings:
-    every: int = 0  # steps between validations; 0: off
-    fraction: float = 0.1  # of the files in data/latents, held out (when no folder is given)
+    every: int = field(default=0, metadata=spec(integer(0)))  # steps between validations; 0: off
+    fraction: float = field(default=0.1, metadata=spec(number(0, 1, above=True)))  # held out of data/latents
     folder: str | None = None  # a latent folder of its own instead (nothing held out of training)
     timesteps: tuple[float, ...] = DEFAULT_TIMESTEPS
-    batch_size: int = 4  # validation items per forward pass
+    batch_size: int = field(default=4, metadata=spec(integer(1)))  # validation items per forward pass
 
     @classmethod
     def from_params(cls, params: dict | None) -> ValidationSettings:
-        params = dict(params or {})
-        unknown = sorted(set(params) - set(KEYS))
-        if unknown:
-            raise ValueError(f"train.validation: unknown key(s) {unknown}; known: {list(KEYS)}")
+        params = dict(check_mapping("train.validation", params or {}))
         if params.get("timesteps") is not None:
-            params["timesteps"] = tuple(float(t) for t in params["timesteps"])
-        settings = cls(**{k: v for k, v in params.items() if v is not None or k == "folder"})
+            timesteps = listing().check("train.validation.timesteps", params["timesteps"])
+            params["timesteps"] = tuple(
+                TIMESTEP.check(f"train.validation.timesteps[{i}]", t) for i, t in enumerate(timesteps)
+            )
+        settings = options_from_params(
+            cls, {k: v for k, v in params.items() if v is not None or k == "folder"}, "train.validation"
+        )
         settings.check()
         return settings
 
     def check(self) -> None:
-        if self.every < 0:
-            raise ValueError(f"train.validation.every must be >= 0 (0: off), got {self.every}")
         if self.folder is None and not 0.0 < self.fraction < 1.0:
-            raise ValueError(f"train.validation.fraction must be in (0, 1), got {self.fraction}")
+            raise ParamError("train.validation.fraction", "expected a number in (0, 1)", self.fraction)
         if not self.timesteps or any(not 0.0 < t <= 1.0 for t in self.timesteps):
-            raise ValueError(f"train.validation.timesteps must be values in (0, 1], got {list(self.timesteps)}")
+            raise ParamError("train.validation.timesteps", "expected values in (0, 1]", list(self.timesteps))
         if len({per_t_metric(t) for t in self.timesteps}) != len(self.timesteps):
-            raise ValueError(f"train.validation.timesteps must differ in 2 decimals: {list(self.timesteps)}")
-        if self.batch_size < 1:
-            raise ValueError(f"train.validation.batch_size must be >= 1, got {self.batch_size}")
+            raise ParamError(
+                "train.validation.timesteps", "expected values that differ in 2 decimals", list(self.timesteps)
+            )
 
     @property
     def on(self) -> bool:
