@@ -1,44 +1,55 @@
-"""No-op `dvc status` / `dvc repro` on a synthetic 10,000-file corpus, per-file vs sharded data layout.
+"""No-op `dvc status` / `dvc repro` and objects pushed after one clip changes, per data layout.
 
-    python bench/dvc_status.py [--files 10000] [--layout both|files|shards] [--shards 256] [--repeats 3]
+    python bench/dvc_status.py [--clips 10000] [--big 100000] [--repeats 3] [--layouts files,shards]
 
-Builds, in a throwaway git+dvc repo, the pipeline's data layout with tiny files (DVC's cost is
-per file, not per byte) and three stages whose commands do nothing (`true`); their outputs are
-recorded with `dvc commit`, so the timings are DVC's alone:
+Part 1, the real pipeline at `--clips` clips, once per layout (`normalize.layout` = `encode.layout`):
+a throwaway git+dvc copy of this project (dvc.yaml, params.yaml, stages/, sa3mlx/, the tiny models)
+whose data/raw/ is a synthetic corpus of 0.1 s stereo clips in folders of 100; `dvc repro encode`
+runs the real convert, normalize and encode stages, so data/normalized and data/latents are exactly
+what the stages write. Timed: the first run, no-op `dvc status encode` and `dvc repro encode`; then
+`dvc push` to a local remote, one raw clip is changed, `dvc repro encode` (which must normalize 1 and
+encode 1) and `dvc push` again: the objects that second push uploads.
 
-    normalize: data/raw            -> data/normalized
-    encode:    data/normalized     -> data/latents
-    train:     data/latents        -> models/lora/adapter.safetensors
+Part 2, `--big` clips (sharded layout only), tiny synthetic members: data/normalized and data/latents
+written by the stages' own writer (sa3mlx/runtime/shards.py TreeWriter, members and summary files as
+the stages name them) under stages whose commands do nothing, recorded with `dvc commit`; the same
+timings, and the objects pushed after one member changes.
 
-`files`:  data/raw N files; data/normalized N wav + N json + report.json; data/latents N npy + N json
-          + details.json (the per-file layout of the stages today: 4N + N raw files).
-`shards`: data/raw N files (the user's drop folder stays as it is); data/normalized and data/latents
-          hold `--shards` uncompressed tar shards (an item goes to the shard its path hashes to) whose
-          members are exactly the per-file layout (`tar -xf` gives the underfit npy+json tree back),
-          plus index.json (member -> shard, byte offset, size: one item is one seek, no extraction).
-
-Times are wall seconds of the `dvc` command line (interpreter start-up included), medians of
-`--repeats` runs after one warm-up run; the target is <= 5 s on 2 cores.
+Times are wall seconds of the `dvc` command line (interpreter start-up included); every figure is
+reported as min/median/max of `--repeats` runs after one warm-up run. Last line: RESULT {json}.
+Targets (2 cores): shards at 10k <= 2 s, at 100k <= 10 s; one changed clip pushes <= 3 objects per folder.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-DVC_YAML = """stages:
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sa3mlx.audio.normalize import REPORT_NAME  # noqa: E402
+from sa3mlx.audio.write import write_float_wav  # noqa: E402
+from sa3mlx.data.encode import DETAILS_FILE  # noqa: E402
+from sa3mlx.runtime.previous import locked_dir_md5  # noqa: E402
+from sa3mlx.runtime.shards import TreeWriter  # noqa: E402
+
+PROJECT = ("dvc.yaml", "params.yaml", "stages", "sa3mlx", "models/tiny-base", "models/tiny-arc")
+FOLDER_SIZE = 100  # clips per sub-folder of data/raw, like a corpus of albums or sessions
+CLIP_SAMPLES = 4410  # 0.1 s at 44.1 kHz: one latent after normalize
+DATA_ONLY_DVC_YAML = """stages:
   normalize:
     cmd: "true"
     deps: [data/raw]
@@ -47,12 +58,7 @@ DVC_YAML = """stages:
     cmd: "true"
     deps: [data/normalized]
     outs: [data/latents]
-  train:
-    cmd: "true"
-    deps: [data/latents]
-    outs: [models/lora/adapter.safetensors]
 """
-FOLDER_SIZE = 100  # clips per sub-folder of data/raw, like a corpus of albums or sessions
 
 
 def sh(cmd: list[str], cwd: Path) -> str:
@@ -64,77 +70,18 @@ def sh(cmd: list[str], cwd: Path) -> str:
 
 
 def clip_names(count: int) -> list[str]:
-    return [f"set{i // FOLDER_SIZE:03d}/clip{i:05d}" for i in range(count)]
+    return [f"set{i // FOLDER_SIZE:04d}/clip{i:06d}" for i in range(count)]
 
 
-def clip_files(name: str, index: int) -> dict[str, dict[str, bytes]]:
-    """Tiny but distinct contents of one clip in each folder, keyed by member name."""
-    wav = b"RIFF" + index.to_bytes(4, "little") + b"WAVEfmt " + bytes(48)
-    latent = io.BytesIO()
-    np.save(latent, np.full((16, 2), index, dtype=np.float32))
-    sidecar = {"relpath": f"{name}.npy", "prompt": f"clip {index}", "latent_shape": [16, 2]}
-    return {
-        "raw": {f"{name}.wav": wav},
-        "normalized": {f"{name}.wav": wav[::-1], f"{name}.json": json.dumps({"prompt": f"clip {index}"}).encode()},
-        "latents": {f"{name}.npy": latent.getvalue(), f"{name}.json": json.dumps(sidecar).encode()},
-    }
-
-
-def write_files(folder: Path, files: dict[str, bytes]) -> None:
-    for rel, data in files.items():
-        path = folder / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-
-
-def bucket(rel: str, shards: int) -> int:
-    """Shard of a member: a hash of its path without suffix, so an item's audio/latent and json share a
-    shard and adding or changing one item rewrites one shard (one new DVC object) and no other."""
-    stem = rel.rsplit(".", 1)[0]
-    return int.from_bytes(hashlib.sha1(stem.encode()).digest()[:4], "big") % shards
-
-
-def write_shards(folder: Path, files: dict[str, bytes], shards: int) -> None:
-    """Deterministic tar shards (sorted members, fixed mtime and owner) and an index of member offsets."""
-    (folder / "shards").mkdir(parents=True)
-    groups: dict[int, list[str]] = {}
-    for rel in sorted(files):
-        groups.setdefault(bucket(rel, shards), []).append(rel)
-    index = {}
-    for number, names in sorted(groups.items()):
-        shard = f"shards/{number:03d}.tar"
-        with tarfile.open(folder / shard, "w", format=tarfile.USTAR_FORMAT) as tar:
-            for rel in names:
-                info = tarfile.TarInfo(rel)
-                info.size, info.mtime, info.mode = len(files[rel]), 0, 0o644
-                tar.addfile(info, io.BytesIO(files[rel]))
-        with tarfile.open(folder / shard) as tar:
-            index.update({m.name: [shard, m.offset_data, m.size] for m in tar.getmembers()})
-    (folder / "index.json").write_text(json.dumps(index, sort_keys=True))
-    for rel in names[:3]:  # the index reads members back with one seek each
-        shard, offset, size = index[rel]
-        with open(folder / shard, "rb") as f:
-            f.seek(offset)
-            assert f.read(size) == files[rel]
-
-
-def build_corpus(root: Path, count: int, layout: str, shards: int) -> int:
-    """Write the three data folders and the adapter; returns the number of files DVC tracks."""
-    folders: dict[str, dict[str, bytes]] = {"raw": {}, "normalized": {}, "latents": {}}
-    for index, name in enumerate(clip_names(count)):
-        for folder, files in clip_files(name, index).items():
-            folders[folder].update(files)
-    write_files(root / "data/raw", folders["raw"])
-    for folder, summary in (("normalized", "report.json"), ("latents", "details.json")):
-        out = root / "data" / folder
-        if layout == "files":
-            write_files(out, folders[folder])
-        else:
-            write_shards(out, folders[folder], shards)
-        (out / summary).write_text(json.dumps({"num_files": count}))
-    (root / "models/lora").mkdir(parents=True)
-    (root / "models/lora/adapter.safetensors").write_bytes(b"adapter")
-    return sum(1 for p in (root / "data").rglob("*") if p.is_file()) + 1
+def init_repo(root: Path) -> None:
+    for cmd in (
+        ["git", "init", "-q"],
+        ["git", "config", "user.email", "bench@sa3mlx.invalid"],
+        ["git", "config", "user.name", "bench"],
+        ["dvc", "init", "-q"],
+        ["dvc", "config", "core.analytics", "false"],
+    ):
+        sh(cmd, root)
 
 
 def timed(cmd: list[str], cwd: Path, repeats: int, check) -> list[float]:
@@ -153,56 +100,200 @@ def no_op_status(out: str) -> None:
 
 
 def no_op_repro(out: str) -> None:
-    assert "Running stage" not in out and "didn't change, skipping" in out, out
+    assert "Running stage" not in out, out
 
 
-def bench_layout(count: int, layout: str, shards: int, repeats: int) -> dict:
+def remote_objects(remote: Path) -> set[str]:
+    return {p.relative_to(remote).as_posix() for p in remote.rglob("*") if p.is_file()}
+
+
+def pushed(root: Path, remote: Path) -> dict[str, list[str]]:
+    """`dvc push`; the objects it uploaded, by output folder (its files and its `.dir` listing)."""
+    before = remote_objects(remote)
+    sh(["dvc", "push", "-q"], root)
+    new = remote_objects(remote) - before
+    by_folder = {}
+    for folder in ("data/normalized", "data/latents"):
+        listing = locked_dir_md5(root, folder)
+        listing_object = f"files/md5/{listing[:2]}/{listing[2:]}"
+        entries = json.loads((remote / listing_object).read_text())
+        mine = {listing_object} | {f"files/md5/{e['md5'][:2]}/{e['md5'][2:]}" for e in entries}
+        by_folder[folder] = sorted(new & mine)
+        new -= mine
+    by_folder["other"] = sorted(new)
+    return by_folder
+
+
+def data_only_status(root: Path, repeats: int) -> list[float]:
+    """The stage-written folders moved into a repo whose stages are data-only (`true` commands, data deps):
+    what the layout itself costs, without the real pipeline's code and model dependencies."""
+    other = root.parent / "data-only"
+    other.mkdir()
+    init_repo(other)
+    shutil.move(root / "data", other / "data")
+    shutil.rmtree(other / "data" / "encode_cache", ignore_errors=True)
+    (other / "dvc.yaml").write_text(DATA_ONLY_DVC_YAML)
+    sh(["dvc", "commit", "-f", "-q"], other)
+    return timed(["dvc", "status"], other, repeats, no_op_status)
+
+
+def noise_clip(path: Path, seed: int) -> None:
+    audio = (0.1 * np.random.default_rng(seed).standard_normal((CLIP_SAMPLES, 2))).astype(np.float32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_float_wav(path, audio, 44100)
+
+
+def set_layout(params: Path, layout: str) -> None:
+    text = params.read_text()
+    text, count = re.subn(r"(\n  layout: )\w+", rf"\g<1>{layout}", text)
+    assert count == 2, "params.yaml: expected normalize.layout and encode.layout"
+    params.write_text(text)
+
+
+def bench_real(clips: int, layout: str, repeats: int, log) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"dvc-bench-{layout}-") as tmp:
-        root = Path(tmp)
-        sh(["git", "init", "-q"], root)
-        sh(["dvc", "init", "-q"], root)
-        sh(["dvc", "config", "core.analytics", "false"], root)
+        root, remote = Path(tmp) / "repo", Path(tmp) / "remote"
+        for name in PROJECT:
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copyfile
+            copy(
+                ROOT / name,
+                root / name,
+                **({"ignore": shutil.ignore_patterns("__pycache__")} if copy is shutil.copytree else {}),
+            )
+        for index, name in enumerate(clip_names(clips)):
+            noise_clip(root / "data" / "raw" / f"{name}.wav", index)
+        set_layout(root / "params.yaml", layout)
+        init_repo(root)
+        sh(["dvc", "remote", "add", "-d", "bench", str(remote)], root)
+        sh(["git", "add", "-A"], root)
+        sh(["git", "commit", "-q", "-m", "bench"], root)
         start = time.perf_counter()
-        tracked = build_corpus(root, count, layout, shards)
-        built = time.perf_counter() - start
-        (root / "dvc.yaml").write_text(DVC_YAML)
+        sh(["dvc", "repro", "encode"], root)
+        first = time.perf_counter() - start
+        tracked = sum(1 for d in ("normalized", "latents") for p in (root / "data" / d).rglob("*") if p.is_file())
+        log(f"{layout}: first dvc repro encode {first:.0f} s, {tracked} files in data/normalized + data/latents")
+        status = timed(["dvc", "status", "encode"], root, repeats, no_op_status)
+        repro = timed(["dvc", "repro", "encode"], root, repeats, no_op_repro)
+        pushed(root, remote)
+        noise_clip(root / "data" / "raw" / f"{clip_names(clips)[clips // 2]}.wav", clips + 1)
         start = time.perf_counter()
-        sh(["dvc", "commit", "-f", "-q"], root)
-        committed = time.perf_counter() - start
-        status = timed(["dvc", "status"], root, repeats, no_op_status)
-        repro = timed(["dvc", "repro"], root, repeats, no_op_repro)
-        empty = timed(["dvc", "config", "core.analytics"], root, repeats, lambda out: None)
+        out = sh(["dvc", "repro", "encode"], root)
+        incremental = time.perf_counter() - start
+        assert "normalize: 1 decoded and resampled" in out and ": 1 encoded," in out, out
+        objects = pushed(root, remote)
+        data_only = data_only_status(root, repeats)
     return {
         "layout": layout,
         "files": tracked,
-        "build": built,
-        "commit": committed,
+        "data_only_status": data_only,
+        "first_repro": first,
         "status": status,
         "repro": repro,
-        "startup": statistics.median(empty),
+        "one_clip_repro": incremental,
+        "one_clip_objects": objects,
     }
+
+
+def synthetic_folders(count: int, changed: int | None = None) -> dict[str, dict[str, bytes]]:
+    """Tiny but distinct members of each derived folder, named as the stages name them."""
+    folders: dict[str, dict[str, bytes]] = {"normalized": {}, "latents": {}}
+    for index, name in enumerate(clip_names(count)):
+        value = -index if index == changed else index
+        latent = io.BytesIO()
+        np.save(latent, np.full((16, 2), value, dtype=np.float32))
+        folders["normalized"][f"{name}.wav"] = b"RIFF" + value.to_bytes(8, "little", signed=True) + bytes(40)
+        folders["normalized"][f"{name}.json"] = json.dumps({"prompt": f"clip {index}"}).encode()
+        folders["latents"][f"{name}.npy"] = latent.getvalue()
+        folders["latents"][f"{name}.json"] = json.dumps({"relpath": f"{name}.npy", "prompt": f"clip {index}"}).encode()
+    return folders
+
+
+def write_synthetic(root: Path, count: int, changed: int | None = None) -> None:
+    for folder, members in synthetic_folders(count, changed).items():
+        writer = TreeWriter(root / "data" / folder, "shards")
+        for name, data in members.items():
+            writer.add_bytes(name, data)
+        summary = REPORT_NAME if folder == "normalized" else DETAILS_FILE
+        writer.finish(summary, {"num_files": count, "changed": changed})
+
+
+def bench_synthetic(count: int, repeats: int, log) -> dict:
+    with tempfile.TemporaryDirectory(prefix="dvc-bench-big-") as tmp:
+        root, remote = Path(tmp) / "repo", Path(tmp) / "remote"
+        root.mkdir()
+        init_repo(root)
+        sh(["dvc", "remote", "add", "-d", "bench", str(remote)], root)
+        for name in clip_names(count):
+            path = root / "data" / "raw" / f"{name}.wav"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"RIFF" + name.encode())
+        write_synthetic(root, count)
+        (root / "dvc.yaml").write_text(DATA_ONLY_DVC_YAML)
+        sh(["dvc", "commit", "-f", "-q"], root)
+        log(f"shards, {count} synthetic clips: committed")
+        status = timed(["dvc", "status"], root, repeats, no_op_status)
+        repro = timed(["dvc", "repro"], root, repeats, no_op_repro)
+        pushed(root, remote)
+        write_synthetic(root, count, changed=count // 2)
+        sh(["dvc", "commit", "-f", "-q"], root)
+        objects = pushed(root, remote)
+    return {"layout": "shards", "files": None, "status": status, "repro": repro, "one_clip_objects": objects}
+
+
+def spread(values: list[float]) -> str:
+    return f"{min(values):.2f}/{statistics.median(values):.2f}/{max(values):.2f}"
+
+
+def per_folder(objects: dict[str, list[str]]) -> int:
+    return max(len(objects[folder]) for folder in ("data/normalized", "data/latents"))
+
+
+def report(tag: str, r: dict) -> dict:
+    """Print one layout's figures; its RESULT entries."""
+    objects = r["one_clip_objects"]
+    total = sum(len(v) for v in objects.values())
+    folders = ", ".join(f"{folder} {len(v)}" for folder, v in objects.items())
+    line = f"{tag:>12}: no-op status {spread(r['status'])} s"
+    if "data_only_status" in r:
+        line += f" (data-only {spread(r['data_only_status'])} s)"
+    line += f", no-op repro {spread(r['repro'])} s; one changed clip: {total} objects pushed ({folders})"
+    if "first_repro" in r:
+        line += f", its repro {r['one_clip_repro']:.1f} s (first run {r['first_repro']:.0f} s, {r['files']} files)"
+    print(line)
+    result = {
+        f"{tag}_status_s": round(statistics.median(r["status"]), 2),
+        f"{tag}_repro_s": round(statistics.median(r["repro"]), 2),
+        f"{tag}_one_clip_objects": total,
+        f"{tag}_one_clip_objects_per_folder": per_folder(objects),
+    }
+    if "data_only_status" in r:
+        result[f"{tag}_data_only_status_s"] = round(statistics.median(r["data_only_status"]), 2)
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--files", type=int, default=10_000, help="clips in the corpus")
-    parser.add_argument("--layout", choices=("both", "files", "shards"), default="both")
-    parser.add_argument("--shards", type=int, default=256, help="tar shards per folder (hash buckets)")
+    parser.add_argument("--clips", type=int, default=10_000, help="clips of the real-pipeline part")
+    parser.add_argument("--big", type=int, default=100_000, help="clips of the synthetic part (0: skip)")
+    parser.add_argument("--layouts", default="files,shards", help="layouts of the real-pipeline part")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    layouts = ("files", "shards") if args.layout == "both" else (args.layout,)
-    print(
-        f"dvc {sh(['dvc', '--version'], Path.cwd()).strip()}, {os.cpu_count()} cores, {args.files} clips, "
-        f"medians of {args.repeats}; target <= 5 s"
-    )
-    for layout in layouts:
-        r = bench_layout(args.files, layout, args.shards, args.repeats)
-        runs = lambda key: ", ".join(f"{t:.2f}" for t in r[key])  # noqa: E731
-        print(
-            f"{layout:>6}: {r['files']:6d} tracked files | no-op status {statistics.median(r['status']):5.2f} s "
-            f"({runs('status')}) | no-op repro {statistics.median(r['repro']):5.2f} s ({runs('repro')}) | "
-            f"dvc start-up {r['startup']:.2f} s | build {r['build']:.1f} s, dvc commit {r['commit']:.1f} s"
-        )
+    print(f"dvc {sh(['dvc', '--version'], ROOT).strip()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
+    log = lambda text: print(text, flush=True)  # noqa: E731
+    runs = [bench_real(args.clips, layout, args.repeats, log) for layout in args.layouts.split(",")]
+    if args.big:
+        runs.append({**bench_synthetic(args.big, args.repeats, log), "clips": args.big})
+    result = {}
+    for r in runs:
+        clips = r.get("clips", args.clips)
+        tag = f"{r['layout']}_{clips // 1000}k" if clips >= 1000 else f"{r['layout']}_{clips}"
+        result.update(report(tag, r))
+    shards = next((r for r in runs if r["layout"] == "shards" and "clips" not in r), None)
+    if shards is not None:  # per derived folder: its shard, its summary file, DVC's listing of it
+        result["one_clip_change_objects"] = per_folder(shards["one_clip_objects"])
+    result["load_average"] = round(os.getloadavg()[0], 1)
+    print("RESULT " + json.dumps(result, sort_keys=True))
 
 
 if __name__ == "__main__":

@@ -61,6 +61,19 @@ def _lora_merge(args) -> int:
     return 0
 
 
+def _export(args) -> int:
+    from sa3mlx.runtime.layout import LATENTS_DIR, NORMALIZED_DIR
+    from sa3mlx.runtime.shards import ENCODE_DETAILS, NORMALIZE_REPORT, export_tree
+
+    folder, summary = {"latents": (LATENTS_DIR, ENCODE_DETAILS), "normalized": (NORMALIZED_DIR, NORMALIZE_REPORT)}[
+        args.what
+    ]
+    source = args.source or folder
+    count = export_tree(source, args.out_dir, summary)  # a damaged shard or index: an ArtifactError naming it
+    print(f"{source} -> {args.out_dir}: {count} files")
+    return 0
+
+
 def _doctor(args) -> int:
     from sa3mlx.doctor import main as doctor_main
 
@@ -208,6 +221,14 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--out", required=True, help="merged .npz")
     merge.set_defaults(run=_lora_merge)
     _add_generate(sub)
+
+    export = sub.add_parser(
+        "export", help="a stage's data folder (either layout) as plain files: the underfit npy + json tree"
+    )
+    export.add_argument("what", choices=("latents", "normalized"), help="encode's or normalize's output")
+    export.add_argument("out_dir")
+    export.add_argument("--from", dest="source", help="the folder to read (default data/latents or data/normalized)")
+    export.set_defaults(run=_export)
     return parser
 
 

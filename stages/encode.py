@@ -10,11 +10,13 @@ import argparse
 import sys
 
 import sa3mlx  # noqa: F401  (BLAS set-up first, as in every stage)
-from sa3mlx.data.encode import Codec, EncodeOptions, encode_dir
+from sa3mlx.data.encode import DETAILS_FILE, Codec, EncodeOptions, encode_dir
 from sa3mlx.runtime.errors import USER_ERROR_STATUS, run_stage
+from sa3mlx.runtime.layout import ENCODE_CACHE_DIR as CACHE
+from sa3mlx.runtime.layout import LATENTS_DIR as LATENTS
+from sa3mlx.runtime.layout import NORMALIZED_DIR as NORMALIZED
 from sa3mlx.runtime.params import stage_params
-
-NORMALIZED, LATENTS, CACHE = "data/normalized", "data/latents", "data/encode_cache"
+from sa3mlx.runtime.previous import previous_output
 
 
 def main() -> int:
@@ -35,7 +37,8 @@ def main() -> int:
         f"{options.chunk_latents} latents, overlap {options.overlap}, above {options.chunk_above_seconds:g} s; "
         f"cache {CACHE}{share})"
     )
-    summary = encode_dir(NORMALIZED, LATENTS, CACHE, codec, options, model)
+    previous = previous_output(LATENTS, DETAILS_FILE)  # DVC deleted the output; dvc.lock's version is in its cache
+    summary = encode_dir(NORMALIZED, LATENTS, CACHE, codec, options, model, previous=previous)
     print(f"encode: {summary.total - len(summary.errors)} files, {summary.seconds_total:.1f} s of audio in {LATENTS}")
     if options.shard:
         print("encode: one shard only; an unsharded run assembles all latents from the cache")

@@ -169,8 +169,8 @@ def test_batch_fields(tmp_path):
 def test_latents_are_memory_mapped(tmp_path, monkeypatch):
     _write(tmp_path, "m.npy", 20)
     ds = D.PreEncodedDataset(tmp_path, 8)
-    modes = []
-    real_load = np.load
-    monkeypatch.setattr(D.np, "load", lambda path, **kw: modes.append(kw.get("mmap_mode")) or real_load(path, **kw))
+    mapped = []
+    real_load = D.Span.load_npy
+    monkeypatch.setattr(D.Span, "load_npy", lambda span, mmap=True: mapped.append(real_load(span, mmap)) or mapped[-1])
     ds.example(0, np.random.default_rng(0))
-    assert modes == ["r"]
+    assert len(mapped) == 1 and isinstance(mapped[0], np.memmap) and mapped[0].mode == "r"

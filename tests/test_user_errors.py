@@ -39,6 +39,7 @@ from sa3mlx.runtime import layout
 from sa3mlx.runtime.errors import DEBUG_ENV, USER_ERROR_STATUS, ArtifactError, UserError, guarded
 from sa3mlx.runtime.params import dvc_stages
 from sa3mlx.runtime.schema import positive
+from sa3mlx.runtime.shards import NORMALIZE_REPORT, open_tree
 from sa3mlx.train.resume import ResumeState, find_resume, resume_files, save_resume
 
 ADAPTER = FIXTURES / "lora" / "dit_dora_rows.safetensors"
@@ -453,6 +454,10 @@ def fuzz_readers(root: Path) -> dict:
         root / layout.ENCODE_CACHE_DIR / "ab" / f"{key}.json",
     )
     latents, song = root / layout.LATENTS_DIR, root / layout.NORMALIZED_DIR / "song0.wav"
+
+    def normalized():  # opened at each read: a member's size is taken when its folder is opened
+        return open_tree(song.parent, NORMALIZE_REPORT)
+
     return {
         "latents npy": (
             latents / "clip0.npy",
@@ -462,8 +467,11 @@ def fuzz_readers(root: Path) -> dict:
             latents / "clip0.json",
             lambda: PreEncodedDataset(latents, 32).example(0, np.random.default_rng(0)),
         ),
-        "normalized audio": (song, lambda: decode_normalized(song, song.read_bytes(), SONG_SAMPLES)),
-        "tag sidecar": (root / "data/normalized/song0.json", lambda: read_tags(root / "data/normalized/song0.wav")),
+        "normalized audio": (
+            song,
+            lambda: decode_normalized(normalized().span(song.name), song.read_bytes(), SONG_SAMPLES),
+        ),
+        "tag sidecar": (song.with_suffix(".json"), lambda: read_tags(normalized(), song.name)),
         "converted npz": (converted / "same_encoder.npz", lambda: load_same_encoder(converted / "same_encoder.npz")),
         "manifest": (converted / "manifest.json", lambda: Codec.open(converted)),
         "model config": (converted / "model_config.json", lambda: Codec.open(converted)),

@@ -3,8 +3,14 @@
 For each audio-named input, in sorted order: decode (bad input -> quarantine with a reason),
 first two channels (or a downmix), resample to 44.1 kHz with soxr, mono -> stereo, cap at
 `max_seconds` aligned down to whole latents, drop exact duplicates, write the audio and a
-`<stem>.json` of its tags. Nothing but the listed bad input stops the rest; outputs are
+`<stem>.json` of its tags, one file each or packed in tar shards (`layout`, see
+`sa3mlx/runtime/shards.py`). Nothing but the listed bad input stops the rest; outputs are
 written atomically and are byte-identical for identical inputs.
+
+An input whose bytes and audio settings match a file of the previous output (the version dvc.lock
+records, read from the DVC cache: `sa3mlx/runtime/previous.py`) is not decoded again: its audio
+member and census record are taken over (the tags are read afresh), so the outputs are
+byte-identical to a full run.
 """
 
 from __future__ import annotations
@@ -28,13 +34,17 @@ from sa3mlx.audio.scan import Listing, scan
 from sa3mlx.audio.tags import find_tags
 from sa3mlx.audio.write import FORMATS, write_audio
 from sa3mlx.runtime.errors import ParamError, reading
-from sa3mlx.runtime.io import remove_stale, save_json
+from sa3mlx.runtime.io import sha256_file
 from sa3mlx.runtime.layout import SAMPLE_RATE
 from sa3mlx.runtime.params import dataclass_from_params
+from sa3mlx.runtime.previous import PreviousOutput
 from sa3mlx.runtime.schema import choice, integer, number, positive, spec
+from sa3mlx.runtime.shards import LAYOUTS, NORMALIZE_REPORT, TreeWriter, choose_layout
 
 LATENT_SAMPLES = 4096  # audio samples per SAME latent frame (SA3's codecs downsample by 4096)
-REPORT_NAME = "report.json"
+REPORT_NAME = NORMALIZE_REPORT
+NORMALIZE_VERSION = 1  # in the report; a previous output of another version is not reused: bump when the audio changes
+AUDIO_SETTINGS = ("sample_rate", "max_seconds", "format", "channels", "resample_quality", "silence_dbfs")
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,7 @@ class Options:
     resample_quality: str = field(default="VHQ", metadata=spec(choice(QUALITIES)))
     silence_dbfs: float = field(default=-80.0, metadata=spec(number(high=0)))  # a peak at or below: silent (kept)
     strict: bool = False  # fail the stage if anything is quarantined
+    layout: str = field(default="files", metadata=spec(choice(LAYOUTS)))  # files|shards|auto (runtime/shards.py)
 
     @classmethod
     def from_params(cls, params: dict) -> Options:
@@ -62,24 +73,37 @@ class Options:
         return int(self.max_seconds * self.sample_rate) // LATENT_SAMPLES * LATENT_SAMPLES
 
 
-def normalize_dir(raw: str | os.PathLike, out: str | os.PathLike, options: Options = Options()) -> dict:
+def normalize_dir(
+    raw: str | os.PathLike,
+    out: str | os.PathLike,
+    options: Options = Options(),
+    previous: PreviousOutput | None = None,
+    log=None,
+) -> dict:
     """List `raw`, normalise every input into `out`, write and return the census report."""
-    return normalize_listing(scan(raw), raw, out, options)
+    return normalize_listing(scan(raw), raw, out, options, previous, log)
 
 
 def normalize_listing(
-    listing: Listing, raw: str | os.PathLike, out: str | os.PathLike, options: Options = Options()
+    listing: Listing,
+    raw: str | os.PathLike,
+    out: str | os.PathLike,
+    options: Options = Options(),
+    previous: PreviousOutput | None = None,
+    log=None,
 ) -> dict:
+    """`previous`: an earlier output to take unchanged files from; `log`: gets one line on the reuse."""
     raw, out = Path(raw), Path(out)
     _check_folders(raw, out)
     stems = output_stems(listing.inputs)
     extension = FORMATS[options.format]
+    reusable = Reusable(previous, options)
+    writer = TreeWriter(out, choose_layout(options.layout, len(listing.inputs), "normalize.layout"))
     dedup = Deduplicator()
     decoded, quarantined = [], [_bad_name_entry(name) for name in listing.bad_names]
-    written = {REPORT_NAME}
     for rel in listing.inputs:
         try:
-            audio, record, tags = _prepare(raw, rel, options)
+            record, tags, audio = reusable.take(raw, rel) or _prepare(raw, rel, options)
         except Rejected as r:
             quarantined.append({"path": rel, "reason": r.reason, "detail": r.detail})
             continue
@@ -90,20 +114,86 @@ def normalize_listing(
         if kept is not None:
             decoded.append({**record, "duplicate_of": kept})
             continue
-        name = stems[rel] + extension
-        record["output"] = name
-        clipped = write_audio(out / name, audio, options.sample_rate, options.format)
-        if clipped:
-            record["clipped_samples"] = clipped
-        save_json(out / f"{stems[rel]}.json", tags)
-        written.update({name, f"{stems[rel]}.json"})
+        record["output"] = name = stems[rel] + extension
+        _write_audio(writer, name, audio, record, options)
+        writer.add_bytes(f"{stems[rel]}.json", _json_bytes(tags))
         decoded.append(record)
-    remove_stale(out, written)
     report = census.build_report(
         asdict(options), len(listing.inputs), decoded, quarantined, dedup.duplicates, listing.ignored
     )
-    save_json(out / REPORT_NAME, report)
+    report["version"] = NORMALIZE_VERSION
+    report["duplicate_files"] = [r for r in decoded if "duplicate_of" in r]  # their records, for reuse
+    writer.finish(REPORT_NAME, report)
+    if log is not None:
+        log(reusable.line(len(decoded)))
     return report
+
+
+def _write_audio(writer: TreeWriter, name: str, audio, record: dict, options: Options) -> None:
+    """Write freshly computed audio (an array) or take over a previous member (a Span)."""
+    if not isinstance(audio, np.ndarray):
+        writer.add_span(name, audio)
+        return
+    clipped = write_audio(writer.staging_path(name), audio, options.sample_rate, options.format)
+    writer.add_staged(name)
+    if clipped:
+        record["clipped_samples"] = clipped
+
+
+def _json_bytes(data) -> bytes:
+    """What `save_json` writes."""
+    return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
+
+
+class Reusable:
+    """The kept files of a previous output made with the same audio settings, by input sha256."""
+
+    def __init__(self, previous: PreviousOutput | None, options: Options):
+        self.previous, self.options = previous, options
+        self.records: dict[str, dict] = {}
+        self.outputs: dict[str, str] = {}  # source -> output of the kept files
+        self.reused = 0
+        report = previous.summary if previous is not None else None
+        if isinstance(report, dict) and self._same_settings(report):
+            for record in report.get("files", []) + report.get("duplicate_files", []):
+                if "input_sha256" in record:
+                    self.records.setdefault(record["input_sha256"], record)
+                if "output" in record:
+                    self.outputs[record["source"]] = record["output"]
+
+    def _same_settings(self, report: dict) -> bool:
+        settings = report.get("settings") or {}
+        mine = asdict(self.options)
+        return report.get("version") == NORMALIZE_VERSION and all(settings.get(k) == mine[k] for k in AUDIO_SETTINGS)
+
+    def take(self, raw: Path, rel: str):
+        """(record, tags, previous audio Span) when `rel`'s bytes were normalised before, else None."""
+        if not self.records:
+            return None
+        with open_input(raw / rel) as (f, _):
+            record = self.records.get(sha256_file(raw / rel))
+            if record is None:
+                return None
+            # a duplicate's audio is that of the file it duplicated (the same PCM gives the same bytes)
+            output = record.get("output") or self.outputs.get(record.get("duplicate_of"))
+            span = self.previous.member(output) if output else None
+            if span is None:
+                return None
+            tags = find_tags(raw / rel, raw, f)
+        fresh = {k: v for k, v in record.items() if k not in ("output", "tags", "tag_warnings", "duplicate_of")}
+        fresh.update(source=rel, tags=tags.source)
+        if tags.warnings:
+            fresh["tag_warnings"] = tags.warnings
+        self.reused += 1
+        return fresh, tags.values, span
+
+    def line(self, decoded: int) -> str:
+        damaged = self.previous.damaged if self.previous is not None else []
+        note = f"; damaged in the DVC cache, recomputed: {', '.join(damaged)}" if damaged else ""
+        return (
+            f"normalize: {decoded - self.reused} decoded and resampled, {self.reused} unchanged taken from "
+            f"the previous output{note}"
+        )
 
 
 def stage_failure(report: dict, strict: bool) -> str | None:
@@ -116,7 +206,7 @@ def stage_failure(report: dict, strict: bool) -> str | None:
     return None
 
 
-def _prepare(raw: Path, rel: str, options: Options) -> tuple[np.ndarray, dict, dict]:
+def _prepare(raw: Path, rel: str, options: Options) -> tuple[dict, dict, np.ndarray]:
     path = raw / rel
     limit = options.max_samples / options.sample_rate
     with open_input(path) as (f, size):
@@ -148,10 +238,11 @@ def _prepare(raw: Path, rel: str, options: Options) -> tuple[np.ndarray, dict, d
         "silent": peak <= 10 ** (options.silence_dbfs / 20),
         "tags": tags.source,
         "sha256": pcm_hash(audio),
+        "input_sha256": sha256_file(path),
     }
     if tags.warnings:
         record["tag_warnings"] = tags.warnings
-    return audio, record, tags.values
+    return record, tags.values, audio
 
 
 def _bad_name_entry(bad: dict) -> dict:

@@ -7,7 +7,9 @@ index of the last 1 of its padding mask) when random cropping and last_valid > c
 a shorter one is padded with `silence.npy` (sliced or tiled) if the root has one, else zeros,
 its mask extended with zeros. `seconds_total` stays the full file's duration.
 
-Reads are memory-mapped; every random choice is a pure function of (seed, epoch, draw), so the
+The root may hold either layout of the encode stage (`sa3mlx/runtime/shards.py`): plain files or
+tar shards with an index; either way an item is one seek and a memory map, and the examples,
+the `info` included, are identical. Every random choice is a pure function of (seed, epoch, draw), so the
 sampler position alone (`EpochSampler.state_dict()`) resumes the exact batch sequence: the same
 order, crops and prompts.
 """
@@ -18,13 +20,13 @@ import math
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 
 from sa3mlx.data.prompts import PromptTemplate, build_prompt
-from sa3mlx.runtime.artifacts import read_json, read_npy
 from sa3mlx.runtime.errors import ArtifactError, UserError
+from sa3mlx.runtime.shards import ENCODE_DETAILS, Span, Tree, open_tree
 
 SILENCE_FILE = "silence.npy"
 FILELIST = "filelist.txt"
@@ -38,30 +40,30 @@ class NoLatentsError(ArtifactError, ValueError):
 
 @dataclass(frozen=True)
 class LatentFile:
-    latent: Path
-    sidecar: Path
+    latent: Span
+    sidecar: Span
     relpath: str  # the .npy path relative to the root, "/"-separated
 
 
-def find_latents(root: str | Path) -> list[LatentFile]:
+def find_latents(root: str | Path | Tree) -> list[LatentFile]:
     """The latent/sidecar pairs under root, sorted by relpath (`filelist.txt` order if present)."""
-    root = Path(root)
-    if not root.is_dir():
+    if not isinstance(root, Tree) and not Path(root).is_dir():
         raise ArtifactError(root, "missing (the latent folder)")
-    listed = root / FILELIST
-    if listed.is_file():
-        paths = [root / line.strip() for line in listed.read_text().splitlines() if line.strip()]
+    tree = root if isinstance(root, Tree) else open_tree(root, ENCODE_DETAILS)
+    root = tree.root
+    if FILELIST in tree:
+        names = [line.strip() for line in tree.read(FILELIST).decode("utf-8").splitlines() if line.strip()]
     else:
-        paths = sorted(root.rglob("*.npy"), key=lambda p: p.relative_to(root).as_posix())
+        names = [name for name in tree.names() if name.endswith(".npy")]
     files, orphans = [], []
-    for path in paths:
-        if path.name == SILENCE_FILE:
+    for name in names:
+        if PurePosixPath(name).name == SILENCE_FILE:
             continue
-        sidecar = path.with_suffix(".json")
-        if not sidecar.is_file():
-            orphans.append(path.relative_to(root).as_posix())
+        sidecar = str(PurePosixPath(name).with_suffix(".json"))
+        if name not in tree or sidecar not in tree:
+            orphans.append(name)
             continue
-        files.append(LatentFile(path, sidecar, path.relative_to(root).as_posix()))
+        files.append(LatentFile(tree.span(name), tree.span(sidecar), name))
     if orphans:
         more = f" (and {len(orphans) - 1} more)" if len(orphans) > 1 else ""
         raise ArtifactError(root / Path(orphans[0]).with_suffix(".json"), f"missing (latent sidecar){more}")
@@ -70,16 +72,17 @@ def find_latents(root: str | Path) -> list[LatentFile]:
     return files
 
 
-def load_silence(root: str | Path) -> np.ndarray | None:
+def load_silence(root: str | Path | Tree) -> np.ndarray | None:
     """`<root>/silence.npy` as [C, N] fp32 (a leading batch axis is dropped), or None."""
-    path = Path(root) / SILENCE_FILE
-    if not path.is_file():
+    tree = root if isinstance(root, Tree) else open_tree(root, ENCODE_DETAILS)
+    if SILENCE_FILE not in tree:
         return None
-    silence = read_npy(path, "silence latents", mmap_mode=None)
+    span = tree.span(SILENCE_FILE)
+    silence = span.load_npy(mmap=False, what="silence latents")
     while silence.ndim > 2 and silence.shape[0] == 1:
         silence = silence[0]
     if silence.ndim != 2 or silence.shape[1] == 0:
-        raise ArtifactError(path, f"damaged silence latents (expected shape [C, N], found {list(silence.shape)})")
+        raise span.damaged("silence latents", f"expected shape [C, N], found {list(silence.shape)}")
     return silence.astype(np.float32)
 
 
@@ -130,8 +133,9 @@ class PreEncodedDataset:
     ):
         """`files`: these pairs of `root` only (e.g. a train / validation split); None: every pair."""
         self.root = Path(root)
-        self.files = find_latents(self.root) if files is None else list(files)
-        self.silence = load_silence(self.root)
+        tree = open_tree(self.root, ENCODE_DETAILS)
+        self.files = find_latents(tree) if files is None else list(files)
+        self.silence = load_silence(tree)
         for index in range(len(self.files)):  # a damaged pair is refused now, not at some step of training
             self.latents(index, self.sidecar(index))
         self.crop_length = crop_length
@@ -143,25 +147,23 @@ class PreEncodedDataset:
 
     def sidecar(self, index: int) -> dict:
         entry = self.files[index]
-        info = read_json(entry.sidecar, "latent sidecar")
+        info = entry.sidecar.load_json("latent sidecar")
         if not isinstance(info.get("seconds_total"), (int, float)) or isinstance(info["seconds_total"], bool):
-            raise ArtifactError(entry.sidecar, "damaged latent sidecar (no numeric seconds_total)")
+            raise entry.sidecar.damaged("latent sidecar", "no numeric seconds_total")
         return info
 
     def latents(self, index: int, info: dict) -> tuple[np.ndarray, np.ndarray]:
         """The [C, T] latents of a file (memory-mapped) and its padding mask, checked against each other."""
         entry = self.files[index]
-        stored = read_npy(entry.latent, "latents")
+        stored = entry.latent.load_npy(mmap=True)
         if stored.ndim == 3 and stored.shape[0] == 1:
             stored = stored[0]
         if stored.ndim != 2 or stored.dtype.kind != "f":
-            raise ArtifactError(
-                entry.latent, f"damaged latents (expected [C, T] floats, found {stored.dtype} {list(stored.shape)})"
-            )
+            raise entry.latent.damaged("latents", f"expected [C, T] floats, found {stored.dtype} {list(stored.shape)}")
         length = stored.shape[1]
         mask = info.get("padding_mask", [1] * length)
         if not isinstance(mask, list) or any(isinstance(v, str) or v not in (0, 1) for v in mask):
-            raise ArtifactError(entry.sidecar, "damaged latent sidecar (padding_mask is not a list of 0/1)")
+            raise entry.sidecar.damaged("latent sidecar", "padding_mask is not a list of 0/1")
         return stored, np.asarray(mask, dtype=bool)
 
     def example(self, index: int, rng: np.random.Generator) -> Example:
@@ -182,7 +184,8 @@ class PreEncodedDataset:
         else:
             latents = np.array(stored, np.float32)
             mask = _fit_mask(mask, crop)
-        info.update(latent_filename=str(entry.latent), latent_crop_start=start, latent_crop_length=crop)
+        latent_filename = str(self.root / entry.relpath)  # the same in both layouts
+        info.update(latent_filename=latent_filename, latent_crop_start=start, latent_crop_length=crop)
         info.setdefault("relpath", entry.relpath)
         return Example(latents, mask, info)
 

@@ -4,9 +4,13 @@ For each normalised audio file, in sorted order: hash its bytes, look the (audio
 params) key up in the content cache (`encode_cache`), encode on a miss (SAME encoder, fp32,
 production chunking above `chunk_above_seconds`, no pre-padding), then write
 `<relpath>.npy` ([latent_dim, T] float32, unscaled) and `<relpath>.json` (the sidecar of
-underfit's pre-encode) atomically. The cache lives outside the output folder, so a run that
-starts from an empty output (as `dvc repro` does) re-encodes only what the cache lacks, and a
-killed run resumes where it stopped.
+underfit's pre-encode) atomically, one file each or packed in tar shards (`layout`);
+`details.json` lists each npy's cache key under `cache_keys`. Either layout of data/normalized/ is read. The cache lives
+outside the output folder, so a run that starts from an empty output (as `dvc repro` does)
+re-encodes only what the cache lacks, and a killed run resumes where it stopped. What the
+machine-local cache lacks is then looked up, by key, in the previous output (the version
+dvc.lock records, read from the DVC cache, `sa3mlx/runtime/previous.py`): a teammate who pulled
+the outputs encodes only new audio. Both sources are verified (sha256 / md5) before reuse.
 """
 
 from __future__ import annotations
@@ -23,20 +27,32 @@ import mlx.core as mx
 import numpy as np
 import soundfile as sf
 
-from sa3mlx.data.encode_cache import LatentCache, entry_key, remove_temporaries
+from sa3mlx.data.encode_cache import Entry, LatentCache, entry_key, remove_temporaries
 from sa3mlx.models.config import AutoencoderConfig
 from sa3mlx.models.same import SameEncoder, autoencoder_config, load_same_encoder
 from sa3mlx.models.same_chunked import encode_long, latent_mask
 from sa3mlx.runtime.artifacts import read_json, verify_listed
-from sa3mlx.runtime.errors import ArtifactError, ParamError, UserError, one_line, reading
-from sa3mlx.runtime.io import atomic_path, copy_atomic, remove_stale, save_json, sha256_file
+from sa3mlx.runtime.errors import LOAD_ERRORS, ArtifactError, ParamError, UserError, one_line
+from sa3mlx.runtime.io import sha256_file
 from sa3mlx.runtime.layout import MODEL_CONFIG_FILE, SAME_ENCODER_FILE, SAMPLE_RATE
 from sa3mlx.runtime.params import dataclass_from_params
-from sa3mlx.runtime.schema import integer, number, spec
+from sa3mlx.runtime.previous import PreviousOutput
+from sa3mlx.runtime.schema import choice, integer, number, spec
+from sa3mlx.runtime.shards import (
+    ENCODE_DETAILS,
+    LAYOUTS,
+    NORMALIZE_REPORT,
+    Span,
+    Tree,
+    TreeWriter,
+    choose_layout,
+    open_tree,
+)
 
 AUDIO_EXTENSIONS = (".wav", ".flac")  # what `normalize` writes
-DETAILS_FILE = "details.json"
-REPORT_FILE = "report.json"  # normalize's census: maps outputs to their raw sources
+DETAILS_FILE = ENCODE_DETAILS
+CACHE_KEYS = "cache_keys"  # details.json: {npy member: cache key}, what lets a later run reuse a latent
+REPORT_FILE = NORMALIZE_REPORT  # normalize's census: maps outputs to their raw sources
 RESERVED_ROOT_STEMS = ("details", "silence")  # details.json is ours; silence.npy pads clips in the dataset
 ENCODE_VERSION = 1  # part of every cache key: bump when the computation changes
 SIDECAR_FIELDS = (
@@ -57,6 +73,7 @@ class EncodeOptions:
     overlap: int = field(default=32, metadata=spec(integer(0)))  # latents shared by neighbours (half dropped each side)
     chunk_above_seconds: float = field(default=30.0, metadata=spec(number(0)))  # longer files: chunked
     shard: str | None = None  # "i/n": encode only this process's share of the files
+    layout: str = field(default="files", metadata=spec(choice(LAYOUTS)))  # files|shards|auto (runtime/shards.py)
 
     @classmethod
     def from_params(cls, params: dict) -> EncodeOptions:
@@ -75,7 +92,7 @@ class EncodeOptions:
         parse_shard(self.shard)
 
     def fingerprint(self) -> dict:
-        """What changes the latents (the shard does not)."""
+        """What changes the latents (the shard and the layout do not)."""
         return {
             "chunk_latents": self.chunk_latents,
             "overlap": self.overlap,
@@ -153,15 +170,10 @@ def encode_audio(
     return np.array(latents[0], dtype=np.float32), mask[0]
 
 
-def list_audio(root: str | os.PathLike) -> list[str]:
-    """Sorted "/"-separated relpaths of the audio files under `root` (hidden names skipped)."""
-    found = []
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        for name in files:
-            if not name.startswith(".") and name.lower().endswith(AUDIO_EXTENSIONS):
-                found.append(Path(folder, name).relative_to(root).as_posix())
-    return sorted(found)
+def list_audio(root: str | os.PathLike | Tree) -> list[str]:
+    """Sorted "/"-separated relpaths of the audio members of a normalised folder (either layout)."""
+    tree = root if isinstance(root, Tree) else open_tree(root, REPORT_FILE)
+    return [name for name in tree.names() if name.lower().endswith(AUDIO_EXTENSIONS)]
 
 
 def read_census(root: str | os.PathLike) -> dict[str, dict]:
@@ -175,11 +187,12 @@ def read_census(root: str | os.PathLike) -> dict[str, dict]:
     return {r["output"]: r for r in rows if "output" in r}
 
 
-def read_tags(audio: Path) -> dict[str, str]:
-    sidecar = audio.with_suffix(".json")
-    if not sidecar.is_file():
+def read_tags(tree: Tree, audio: str) -> dict[str, str]:
+    """The tags member `<stem>.json` next to audio member `audio` ({} without one)."""
+    name = str(PurePosixPath(audio).with_suffix(".json"))
+    if name not in tree:
         return {}
-    return {str(k): str(v) for k, v in read_json(sidecar, "tag sidecar").items()}
+    return {str(k): str(v) for k, v in tree.span(name).load_json("tag sidecar").items()}
 
 
 def latent_stem(relpath: str) -> str:
@@ -259,8 +272,8 @@ class Progress:
             f"{self.files / self.busy:.2f} files/s, {self.audio_seconds / self.busy:.1f} audio-s/s"
         )
 
-    def cached(self, index: int, name: str) -> None:
-        self.log(f"[{index}/{self.total}] {name}: cached")
+    def cached(self, index: int, name: str, how: str = "cached") -> None:
+        self.log(f"[{index}/{self.total}] {name}: {how}")
 
     def failed(self, index: int, name: str, error: str) -> None:
         self.log(f"[{index}/{self.total}] {name}: ERROR {error}")
@@ -274,8 +287,10 @@ def encode_dir(
     options: EncodeOptions,
     model: str = "",
     log=print,
+    previous: PreviousOutput | None = None,
 ) -> Summary:
-    """Encode every audio file of `normalized` (this shard's share) into `latents`."""
+    """Encode every audio file of `normalized` (this shard's share) into `latents`; `previous`: an
+    earlier output of this stage whose latents are reused (by key) where the local cache lacks them."""
     started = time.perf_counter()
     normalized, latents = Path(normalized), Path(latents)
     shard = parse_shard(options.shard)
@@ -283,116 +298,156 @@ def encode_dir(
     store.ignore_in_git()
     if shard is None:  # shards may run side by side: only a lone run may sweep temporaries
         store.remove_leftovers()
-    files = [rel for rel in list_audio(normalized) if in_shard(rel, shard)]
+    tree = open_tree(normalized, REPORT_FILE)
+    files = [rel for rel in list_audio(tree) if in_shard(rel, shard)]
     census = read_census(normalized)
+    restorer = Restorer(previous, store)
+    # a share of the work writes its files as they come (shares may run side by side); the lone run packs
+    writer = TreeWriter(latents, "files" if shard else choose_layout(options.layout, len(files), "encode.layout"))
     summary, progress = Summary(total=len(files)), Progress(len(files), log)
-    written = {DETAILS_FILE}
+    keys = {}
     for index, rel in enumerate(files, 1):
         started_file = time.perf_counter()
         stem = latent_stem(rel)
         try:
-            if f"{stem}.npy" in written:
+            if f"{stem}.npy" in writer:
                 raise UserError(f"{rel}: its output name {stem}.npy is taken by another file; rename one of them")
             record = census.get(rel, {})
-            meta, encoded = _encode_one(
-                normalized / rel,
-                latents,
-                stem,
-                record.get("source", rel),
-                store,
-                codec,
-                options,
-                log,
-                record.get("samples"),
-            )
+            job = Job(tree, normalized, rel, stem, record.get("source", rel), record.get("samples"))
+            meta, how, keys[f"{stem}.npy"] = _encode_one(job, writer, store, restorer, codec, options, log)
         except Exception as e:  # one bad file never stops the rest
             error = one_line(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
             summary.errors.append({"path": rel, "error": error, "user": isinstance(e, UserError)})
             progress.failed(index, rel, error)
             continue
-        written.update({f"{stem}.npy", f"{stem}.json"})
         summary.seconds_total += meta["seconds_total"]
-        if encoded:
+        if how == ENCODED:
             summary.encoded += 1
             progress.encoded(index, rel, meta["audio_samples"] / codec.sample_rate, time.perf_counter() - started_file)
         else:
             summary.skipped += 1
-            progress.cached(index, rel)
+            progress.cached(index, rel, how)
+    if restorer.damaged:
+        log(f"encode: damaged in the DVC cache, encoded again: {', '.join(restorer.damaged)}")
     for dropped in store.dropped:
         log(f"encode: dropped a damaged cache entry {dropped} (its file was encoded again)")
     if shard is None:
         remove_temporaries(latents)
-        remove_stale(latents, written)
-        save_json(latents / DETAILS_FILE, details(codec, options, model, normalized, summary))
+        writer.finish(DETAILS_FILE, {**details(codec, options, model, normalized, summary), CACHE_KEYS: keys})
     summary.wall = time.perf_counter() - started
     return summary
 
 
-def decode_normalized(path: Path, data: bytes, samples: int | None = None) -> tuple[np.ndarray, int]:
-    """([samples, channels] float32, rate) of a normalized file's bytes; damage (or a length other
-    than the census's `samples`: a truncated file decodes) is an ArtifactError."""
-    with reading(path, "normalized audio"):
+ENCODED, CACHED, RESTORED = "encoded", "cached", "reused from the previous output"
+
+
+@dataclass(frozen=True)
+class Job:
+    tree: Tree  # the normalised folder's members
+    normalized: Path
+    rel: str  # the audio member
+    stem: str  # the output name without suffix
+    src_rel: str  # the raw file it came from
+    samples: int | None = None  # its length by normalize's census
+
+
+class Restorer:
+    """Cache entries rebuilt from the previous output's latents (by key), verified before use."""
+
+    def __init__(self, previous: PreviousOutput | None, store: LatentCache):
+        self.previous, self.store = previous, store
+        found = previous.summary if previous is not None else None
+        keys = found.get(CACHE_KEYS) if isinstance(found, dict) else None
+        self.names = {key: name for name, key in keys.items()} if isinstance(keys, dict) else {}
+
+    @property
+    def damaged(self) -> list[str]:
+        return self.previous.damaged if self.previous is not None else []
+
+    def restore(self, key: str) -> Entry | None:
+        name = self.names.get(key)
+        if name is None:
+            return None
+        npy, side = self.previous.member(name), self.previous.member(f"{name[: -len('.npy')]}.json")
+        if npy is None or side is None:
+            return None
+        try:
+            meta = side.load_json("latent sidecar")
+            shape, mask = list(npy.load_npy(mmap=False).shape), meta["padding_mask"]
+            if shape != meta["latent_shape"] or len(mask) != shape[-1]:
+                return None
+            about = {"restored_from": f"{self.previous.label}/{name}"}
+            return self.store.put_npy(key, npy.read(), shape, mask, meta["audio_samples"], about)
+        except (ArtifactError, KeyError, TypeError, ValueError):  # not reusable: encoded again
+            return None
+
+
+def decode_normalized(where: Span, data: bytes, samples: int | None = None) -> tuple[np.ndarray, int]:
+    """([samples, channels] float32, rate) of a normalized member's bytes; damage (or a length other
+    than the census's `samples`: a truncated file decodes) is an ArtifactError naming the member."""
+    try:
         audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except LOAD_ERRORS as e:
+        raise where.damaged("normalized audio", one_line(e) or type(e).__name__) from e
     if samples is not None and audio.shape[0] != samples:
-        raise ArtifactError(path, f"damaged normalized audio ({audio.shape[0]} samples; {REPORT_FILE} says {samples})")
+        raise where.damaged("normalized audio", f"{audio.shape[0]} samples; {REPORT_FILE} says {samples}")
     return audio, rate
 
 
 def _encode_one(
-    audio_path: Path,
-    latents: Path,
-    stem: str,
-    src_rel: str,
-    store: LatentCache,
-    codec: Codec,
-    options: EncodeOptions,
-    log,
-    samples: int | None = None,
-) -> tuple[dict, bool]:
-    """Encode one file (or find it in the cache) and write its npy + sidecar; (sidecar, encoded?)."""
-    data = audio_path.read_bytes()
+    job: Job, writer: TreeWriter, store: LatentCache, restorer: Restorer, codec: Codec, options: EncodeOptions, log
+) -> tuple[dict, str, str]:
+    """Encode one file (or find it in the cache or the previous output) and write its npy + sidecar;
+    (sidecar, how it was obtained, its cache key)."""
+    data = job.tree.read(job.rel)
     key = entry_key(hashlib.sha256(data).hexdigest(), codec.sha256, options.fingerprint())
-    entry = store.get(key)
-    encoded = entry is None
-    if encoded:
-        audio, rate = decode_normalized(audio_path, data, samples)
-        del data
-        if rate != codec.sample_rate or audio.shape[1] != codec.config.audio_channels:
-            raise ArtifactError(
-                audio_path,
-                f"{rate} Hz {audio.shape[1]} channels, but the codec takes {codec.sample_rate} Hz "
-                f"{codec.config.audio_channels} channels",
-                "normalize it again: `dvc repro -f normalize`",
-            )
-        latent, mask = encode_audio(codec.encoder, np.ascontiguousarray(audio.T), rate, options)
-        entry = store.put(
-            key,
-            latent,
-            mask,
-            audio.shape[0],
-            {"source": audio_path.as_posix(), "codec_sha256": codec.sha256, "params": options.fingerprint()},
-        )
+    how, entry = CACHED, store.get(key)
+    if entry is None:
+        how, entry = RESTORED, restorer.restore(key)
+    audio_path = job.normalized / job.rel
+    if entry is None:
+        how, entry = ENCODED, _encode_entry(data, job, key, store, codec, options)
     meta, clashes = sidecar(
         audio_path.as_posix(),
-        f"{stem}.npy",
-        src_rel,
+        f"{job.stem}.npy",
+        job.src_rel,
         entry.audio_samples,
         codec.sample_rate,
         entry.latent_shape,
         entry.mask,
-        read_tags(audio_path),
+        read_tags(job.tree, job.rel),
     )
     if clashes:
         log(f"  {audio_path.name}: tags {clashes} clash with sidecar fields and were left out")
-    copy_atomic(entry.latents, latents / f"{stem}.npy")
-    write_sidecar(latents / f"{stem}.json", meta)
-    return meta, encoded
+    writer.add_span(f"{job.stem}.npy", Span(entry.latents, 0, entry.latents.stat().st_size, str(entry.latents)))
+    writer.add_bytes(f"{job.stem}.json", sidecar_bytes(meta))
+    return meta, how, key
 
 
-def write_sidecar(path: Path, meta: dict) -> None:
+def _encode_entry(data: bytes, job: Job, key: str, store: LatentCache, codec: Codec, options: EncodeOptions) -> Entry:
+    where = job.tree.span(job.rel)
+    audio, rate = decode_normalized(where, data, job.samples)
+    del data
+    if rate != codec.sample_rate or audio.shape[1] != codec.config.audio_channels:
+        inside = f" ({job.rel})" if where.member else ""
+        raise ArtifactError(
+            where.path,
+            f"{rate} Hz {audio.shape[1]} channels{inside}, but the codec takes {codec.sample_rate} Hz "
+            f"{codec.config.audio_channels} channels",
+            "normalize it again: `dvc repro -f normalize`",
+        )
+    latent, mask = encode_audio(codec.encoder, np.ascontiguousarray(audio.T), rate, options)
+    about = {
+        "source": (job.normalized / job.rel).as_posix(),
+        "codec_sha256": codec.sha256,
+        "params": options.fingerprint(),
+    }
+    return store.put(key, latent, mask, audio.shape[0], about)
+
+
+def sidecar_bytes(meta: dict) -> bytes:
     """One compact line in underfit's field order (a 10-minute file has a 6459-entry mask)."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(meta, ensure_ascii=False) + "\n", encoding="utf-8")
+    return (json.dumps(meta, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 def details(codec: Codec, options: EncodeOptions, model: str, normalized: Path, summary: Summary) -> dict:

@@ -3,15 +3,17 @@
 An entry is keyed by sha256 of (normalised audio bytes hash, codec fingerprint, encode
 params), so a renamed or re-normalised identical file hits, and any change to the codec or
 the params misses everywhere. Each entry is two files under `<root>/<key[:2]>/`: the latents
-`<key>.npy` ([latent_dim, T] float32) and `<key>.json` (mask, sample count, what was hashed).
-Both are written atomically, the npy first: the json is the commit mark, so an entry is
-either complete or absent, whatever kills the process. The json records the npy's sha256: an
-entry damaged later is dropped on lookup and its file encoded again.
+`<key>.npy` ([latent_dim, T] float32) and `<key>.json` (mask, sample count, what was hashed,
+the sha256 of the npy as `npy_sha256`). Both are written atomically, the npy first: the json is the
+commit mark, so an entry is either complete or absent, whatever kills the process. An entry damaged
+later (its npy no longer matches its sha256: a bad disk, a hand edit) is dropped on lookup, reported
+in `dropped`, and its file encoded again.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ import numpy as np
 
 from sa3mlx.runtime.io import atomic_path, save_json, sha256_file
 
+NPY_SHA256 = "npy_sha256"  # the entry json's key for the sha256 of its .npy file
 TMP_SUFFIX = ".tmp"  # what `atomic_path` leaves behind only when the process is killed
 
 
@@ -65,12 +68,16 @@ class LatentCache:
             self.dropped.append(npy)
         return entry
 
-    def put(self, key: str, latents: np.ndarray, mask: np.ndarray, audio_samples: int, about: dict) -> Entry:
+    def put(self, key: str, latents: np.ndarray, mask, audio_samples: int, about: dict) -> Entry:
+        buffer = io.BytesIO()
+        np.save(buffer, np.ascontiguousarray(latents, dtype=np.float32))
+        return self.put_npy(key, buffer.getvalue(), list(latents.shape), mask, audio_samples, about)
+
+    def put_npy(self, key: str, npy_bytes: bytes, shape: list[int], mask, audio_samples: int, about: dict) -> Entry:
+        """Store an entry whose .npy bytes are given (written as they are)."""
         npy, meta = self._paths(key)
         with atomic_path(npy) as tmp:
-            with open(tmp, "wb") as f:
-                np.save(f, np.ascontiguousarray(latents, dtype=np.float32))
-            latents_sha256 = sha256_file(tmp)
+            tmp.write_bytes(npy_bytes)
         padding = [int(v) for v in mask]
         save_json(
             meta,
@@ -78,11 +85,11 @@ class LatentCache:
                 **about,
                 "padding_mask": padding,
                 "audio_samples": int(audio_samples),
-                "latent_shape": list(latents.shape),
-                "latents_sha256": latents_sha256,
+                "latent_shape": list(shape),
+                NPY_SHA256: hashlib.sha256(npy_bytes).hexdigest(),
             },
         )
-        return Entry(npy, list(latents.shape), padding, int(audio_samples))
+        return Entry(npy, list(shape), padding, int(audio_samples))
 
     def remove_leftovers(self) -> int:
         """Delete temporary files a killed run left behind; returns how many."""
@@ -94,7 +101,7 @@ def _intact_entry(npy: Path, meta: Path) -> Entry | None:
     try:
         info = json.loads(meta.read_text())
         entry = Entry(npy, list(info["latent_shape"]), list(info["padding_mask"]), int(info["audio_samples"]))
-        recorded = info.get("latents_sha256")
+        recorded = info.get(NPY_SHA256)
         if recorded is not None:
             return entry if sha256_file(npy) == recorded else None
         stored = np.load(npy, mmap_mode="r", allow_pickle=False)
