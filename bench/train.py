@@ -15,6 +15,10 @@ The tiny default is `models/tiny-base` converted into a temporary folder, traine
 
 from __future__ import annotations
 
+# isort: off
+import sa3mlx  # noqa: F401  (BLAS set-up: must precede the first mlx import)
+# isort: on
+
 import argparse
 import dataclasses
 import statistics
@@ -27,7 +31,6 @@ import numpy as np
 from blas import mlx_gemm  # bench/blas.py: the GEMM measurement, shared
 from dit import PROMPT_TOKENS, SIZES, matmul_flops  # bench/dit.py: the small-music config and FLOP count
 
-import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 from sa3mlx.convert.model import convert_source
 from sa3mlx.lora.inject import inject_adapters
 from sa3mlx.models.conditioning import Conditioner
