@@ -3,8 +3,12 @@
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import FIXTURES
 
 from sa3mlx.models.attention import attention
+from sa3mlx.parity.dit import load_fixture_dit
+from sa3mlx.parity.fixture import Fixture
+from sa3mlx.parity.run import check
 from sa3mlx.runtime import kernels
 
 BOTH_PATHS = pytest.mark.parametrize("fast", ["1", "0"], ids=["fast", "mlx"])
@@ -73,7 +77,7 @@ def test_fast_attention_matches_mlx_sdpa():
 @pytest.mark.parametrize("masked", [False, True], ids=["plain", "masked"])
 def test_chunked_attention_equals_whole_forward_and_gradient(monkeypatch, fast, masked):
     monkeypatch.setenv(kernels.SWITCH, fast)
-    B, H, L, D = 1, 2, 1500, 16
+    B, H, L, D = 1, 1, 1500, 16
     q, k, v = (mx.random.normal((B, H, L, D), key=mx.random.key(10 + i)) for i in range(3))
     mask = (mx.random.uniform(shape=(B, 1, L, L), key=mx.random.key(4)) > 0.2) if masked else None
     chunk_bytes = 4 * B * H * L * 256  # 256 query rows per chunk: 6 chunks, the last one short
@@ -90,7 +94,7 @@ def test_chunked_attention_equals_whole_forward_and_gradient(monkeypatch, fast, 
 
 
 def test_chunked_attention_bounds_the_backward_memory():
-    B, H, L, D = 1, 4, 2048, 16  # whole scores: 64 MiB
+    B, H, L, D = 1, 2, 2048, 16  # whole scores: 32 MiB
     q, k, v = (mx.random.normal((B, H, L, D), key=mx.random.key(20 + i)) for i in range(3))
     mx.eval(q, k, v)
 
@@ -102,3 +106,24 @@ def test_chunked_attention_bounds_the_backward_memory():
 
     whole_scores = 4 * B * H * L * L
     assert peak(whole_scores // 16) < 0.5 * peak(whole_scores)
+
+
+@pytest.mark.parametrize("kind, folder", [("dit", "dit_medium"), ("same", "same"), ("train_step", "train_step")])
+def test_parity_holds_on_the_plain_mlx_path(monkeypatch, kind, folder):
+    """The parity tests run the fast path (the CPU default); these the MLX kernels it replaces."""
+    monkeypatch.setenv(kernels.SWITCH, "0")
+    report = check(kind, FIXTURES / folder)
+    assert report.ok and not report.missing
+
+
+def test_the_dit_runs_through_the_fast_kernels(monkeypatch):
+    calls = []
+    for name in ("_fast_softmax", "_fast_silu", "_fast_sigmoid"):
+        original = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name, lambda x, f=original, n=name: calls.append(n) or f(x))
+    dit, _ = load_fixture_dit(Fixture(FIXTURES / "dit_medium"), "expected.npz")
+    inputs = np.load(FIXTURES / "dit_medium" / "inputs.npz")
+    mx.eval(dit(*[mx.array(inputs[k]) for k in ("x", "t", "cross_attn_cond", "global_cond", "local_add_cond")]))
+    depth, pairs = dit.config.depth, 2  # differential: two softmaxes per attention
+    assert calls.count("_fast_softmax") == 2 * pairs * depth  # self and cross
+    assert calls.count("_fast_silu") == 2 * depth and calls.count("_fast_sigmoid") == 2 * depth
