@@ -40,7 +40,7 @@ def _mask_rows(mask: mx.array, start: int, stop: int) -> mx.array:
 
 
 def _attend(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None) -> mx.array:
-    if not kernels.fast_path(q):
+    if not kernels.fast_path(q, nbytes=4 * q.size // q.shape[-1] * k.shape[-2]):  # judged by the score tensor
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
     scores = (q * scale) @ k.swapaxes(-1, -2)  # the order of MLX's CPU SDPA: scale q first
     if mask is not None:

@@ -13,8 +13,8 @@ two integer shifts instead: no bit view, so the whole exp fuses into one kernel.
 runs at about MLX's speed; under a compiled step (training, `compiled_forward`) it fuses.
 Gradients are exact formulas of the saved outputs (custom VJPs, MLX's formulas).
 
-The one switch: `fast_path(x)` is true on the CPU device for float32 inputs unless
-SA3MLX_FAST_KERNELS=0. Elsewhere (Metal, CUDA, other dtypes) every function here is
+The one switch: `fast_path(x)` is true on the CPU device for float32 inputs of at most
+FAST_MAX_BYTES unless SA3MLX_FAST_KERNELS=0. Elsewhere (Metal, CUDA, other dtypes) every function here is
 MLX's own op.
 """
 
@@ -27,6 +27,11 @@ import mlx.core as mx
 from sa3mlx.runtime.precision import on_cpu
 
 SWITCH = "SA3MLX_FAST_KERNELS"
+# Above this size MLX's kernels run: measured on the 2-core machine, the compiled small-music train
+# step at crop 1300 (22-119 MB activations) took 18 s/step with the fast kernels vs 12-14 s without,
+# also with the 119 MB softmax alone left to MLX; at crop 256 (<= 6.5 MB) they are faster. Cause
+# not yet found (the multi-pass memory traffic of the compiled graphs is the suspect).
+FAST_MAX_BYTES = 8 * 2**20
 LOG2E = 1.4426950408889634
 LN2_HI, LN2_LO = 0.693359375, -2.12194440e-4  # ln 2 split so n·LN2_HI is exact for |n| < 2**10
 EXP_LO, EXP_HI = -87.33654, 88.37626  # the range where 2^n stays a normal float32
@@ -35,9 +40,12 @@ ROUND_MAGIC = 12582912.0  # 1.5·2^23: (y + M) - M rounds y to the nearest integ
 EXP_POLY = (5.0000001201e-1, 1.6666665459e-1, 4.1665795894e-2, 8.3334519073e-3, 1.3981999507e-3, 1.9875691500e-4)
 
 
-def fast_path(x: mx.array) -> bool:
-    """Whether x goes through the kernels here (CPU, float32, not switched off) or MLX's ops."""
-    return x.dtype == mx.float32 and on_cpu() and os.environ.get(SWITCH, "1").lower() not in ("0", "off", "false")
+def fast_path(x: mx.array, nbytes: int | None = None) -> bool:
+    """Whether x (or a float32 result of `nbytes` made from it) goes through the kernels here:
+    CPU, float32, at most FAST_MAX_BYTES, not switched off."""
+    if x.dtype != mx.float32 or (x.nbytes if nbytes is None else nbytes) > FAST_MAX_BYTES or not on_cpu():
+        return False
+    return os.environ.get(SWITCH, "1").lower() not in ("0", "off", "false")
 
 
 def _exp_reduced(x: mx.array) -> tuple[mx.array, mx.array]:
