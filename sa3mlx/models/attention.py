@@ -2,12 +2,14 @@
 
     attention(q, k, v, scale, mask=None) = softmax(q·scale @ kᵀ [masked]) @ v,   [B, H, L, D]
 
-On the CPU the scores go through the fast softmax of `runtime.kernels` (MLX's CPU SDPA is
-this same unfused matmul-softmax-matmul, with a scalar exp); elsewhere MLX's fused SDPA runs.
+On the CPU, for score tensors the fast kernels take (`runtime.kernels.fast_path`), the scores go
+through their softmax (MLX's CPU SDPA is this same unfused matmul-softmax-matmul, with a scalar
+exp); otherwise MLX's SDPA runs (fused on Metal/CUDA).
 When the [B, H, Lq, Lk] fp32 score tensor would exceed `chunk_bytes`, the queries run in
 chunks, each under `mx.checkpoint`: every query row's softmax is its own, so the result is
-the whole computation's, and neither the forward nor the backward (which recomputes a
-chunk's scores) holds more than one chunk's scores.
+the whole computation's. The forward holds one chunk's scores at a time; the backward
+recomputes them per chunk, but MLX's schedule overlaps the chunks, so its peak falls to about
+0.6x of the whole form's (tests/test_kernels.py), not to one chunk's.
 """
 
 from __future__ import annotations
