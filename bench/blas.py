@@ -29,14 +29,24 @@ from sa3mlx.runtime import blas
 TARGET_RATIO = 0.8
 
 
-def median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up
+def repeat_seconds(fn, repeats: int) -> list[float]:
+    """Seconds of each of `repeats` calls after one warm-up call."""
+    fn()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
+
+
+def median_seconds(fn, repeats: int) -> float:
+    return statistics.median(repeat_seconds(fn, repeats))
+
+
+def spread(times: list[float], scale: float = 1.0) -> dict:
+    """min / median / max of `times`, times `scale` (e.g. 1e3 for ms)."""
+    return {"min": scale * min(times), "median": scale * statistics.median(times), "max": scale * max(times)}
 
 
 def gflops(n: int, seconds: float) -> float:

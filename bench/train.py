@@ -8,7 +8,11 @@ Small-music DiT dims with random weights, dora-rows adapters on the default targ
 dashboard excludes; seconds embedder included), batch 1, `crop` latent frames, the
 `underfit-dashboard` objective (random inpainting masks, clip 1.0). Achieved GFLOP/s counts the
 matmul FLOPs a LoRA step needs: the forward plus the activation-gradient pass (2·linear +
-3·attention, as `bench/dit.py`); adapter maths is not counted. Target on CPU: >= 40 % of GEMM.
+3·attention, as `bench/dit.py`); adapter maths is not counted. Target on CPU: >= 60 % of GEMM.
+Step times as min / median / max of the repeats, GFLOP/s from the median; last line RESULT {json}
+with `step_s_median`, `step_s_min`, `step_s_max`, `step_pct_gemm` (the unmaterialised form; with
+--materialize both the materialised one under `materialized_*`). SA3MLX_FAST_KERNELS=0 times MLX's
+own CPU kernels instead. --tiny-steps 0 skips the tiny-default rate.
 The tiny default is `models/tiny-base` converted into a temporary folder, trained through
 `TrainingSession` with the default preset on synthetic latents.
 """
@@ -17,7 +21,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
+import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -27,20 +32,21 @@ import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 # isort: split
 import mlx.core as mx
 import numpy as np
-from blas import mlx_gemm  # bench/blas.py: the GEMM measurement, shared
+from blas import mlx_gemm, spread  # bench/blas.py: the GEMM measurement, shared
 from dit import PROMPT_TOKENS, SIZES, matmul_flops  # bench/dit.py: the small-music config and FLOP count
 
 from sa3mlx.convert.model import convert_source
 from sa3mlx.lora.inject import inject_adapters
 from sa3mlx.models.conditioning import Conditioner
 from sa3mlx.models.dit import DiT
+from sa3mlx.runtime import kernels
 from sa3mlx.train.objective import ObjectiveConfig, random_inpaint_masks
 from sa3mlx.train.optim import AdamWConfig, make_adamw
 from sa3mlx.train.presets import resolve
 from sa3mlx.train.session import TrainingSession
 from sa3mlx.train.step import StepCore
 
-TARGET = 0.4
+TARGET = 0.6  # issue 14: ~2.5x the official torch step on a 2-core x86 machine
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = "underfit-dashboard"
 
@@ -86,13 +92,13 @@ def small_step(depth: int | None, crop: int, rank: int, materialize: bool, compi
         core.run([batch])
         times.append(time.perf_counter() - start)
     linear, attention = matmul_flops(cfg, crop)
-    seconds = statistics.median(times)
+    step_s = spread(times)
     return {
         "depth": cfg.depth,
         "layers": len(layers),
         "first_s": first,
-        "step_s": seconds,
-        "gflops": (2 * linear + 3 * attention) / seconds / 1e9,
+        "step_s": step_s,
+        "gflops": (2 * linear + 3 * attention) / step_s["median"] / 1e9,
         "peak_gb": mx.get_peak_memory() / 1e9,
     }
 
@@ -142,21 +148,31 @@ def main() -> None:
     gemm = mlx_gemm(args.gemm_n, 5)
     print(f"MLX {mx.__version__} on {mx.default_device()}; fp32 GEMM n={args.gemm_n}: {gemm:.1f} GFLOP/s")
     modes = {"both": (True, False), "on": (True,), "off": (False,)}[args.materialize]
+    result = {}
     for materialize in modes:
         row = small_step(args.depth, args.crop, args.rank, materialize, compile, args.repeats)
         mx.clear_cache()
         gemm = max(gemm, mlx_gemm(args.gemm_n, 5))  # again after the model: the highest so far is the reference
         ratio = row["gflops"] / gemm
+        step = row["step_s"]
         print(
             f"small-music/d{row['depth']} crop {args.crop} dora-rows r{args.rank} ({row['layers']} layers), "
             f"materialize={'on' if materialize else 'off'}, {'compiled' if compile else 'eager'}: "
-            f"{row['step_s']:.2f} s/step (first {row['first_s']:.1f} s), {row['gflops']:.1f} GFLOP/s = "
-            f"{ratio:.0%} of GEMM {gemm:.1f} (target >= {TARGET:.0%}) {'ok' if ratio >= TARGET else 'BELOW TARGET'}; "
-            f"peak {row['peak_gb']:.2f} GB"
+            f"{step['min']:.2f} / {step['median']:.2f} / {step['max']:.2f} s/step (min/median/max of {args.repeats}; "
+            f"first {row['first_s']:.1f} s), {row['gflops']:.1f} GFLOP/s = {ratio:.0%} of GEMM {gemm:.1f} "
+            f"(target >= {TARGET:.0%}) {'ok' if ratio >= TARGET else 'BELOW TARGET'}; peak {row['peak_gb']:.2f} GB"
         )
-    batch = args.tiny_batch or resolve(PRESET).batch_size
-    rate, first = tiny_steps_per_second(batch, args.tiny_crop, args.tiny_steps, compile)
-    print(f"tiny-base ({PRESET}, batch {batch}, crop {args.tiny_crop}): {rate:.1f} steps/s (first step {first:.1f} s)")
+        prefix = "step" if materialize == modes[-1] else "materialized_step"
+        result.update({f"{prefix}_s_{k}": v for k, v in step.items()})
+        result.update({f"{prefix}_pct_gemm": 100 * ratio, f"{prefix}_peak_gb": row["peak_gb"]})
+    result.update(gemm_gflops=gemm, depth=row["depth"], crop=args.crop, kernels=os.environ.get(kernels.SWITCH, "1"))
+    if args.tiny_steps:
+        batch = args.tiny_batch or resolve(PRESET).batch_size
+        rate, first = tiny_steps_per_second(batch, args.tiny_crop, args.tiny_steps, compile)
+        label = f"tiny-base ({PRESET}, batch {batch}, crop {args.tiny_crop})"
+        print(f"{label}: {rate:.1f} steps/s (first step {first:.1f} s)")
+        result["tiny_steps_per_s"] = rate
+    print("RESULT " + json.dumps(result, separators=(",", ":")))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from sa3mlx.models.attention import attention
+from sa3mlx.runtime import kernels
+
 BLOCK_NORM_EPS = 1e-5
 QK_NORM_EPS = 1e-6
 ROPE_BASE = 10000.0
@@ -77,7 +80,7 @@ class _AttentionBase(nn.Module):
             k = self.k_norm(_heads(k, self.num_heads))
             if rope is not None:
                 q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-            o = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale)
+            o = attention(q, k, v, self.scale)
             out = o if out is None else out - o  # differential: SDPA(q,k,v) - SDPA(q_diff,k_diff,v), no λ
         return self.to_out(_merge_heads(out))
 
@@ -121,7 +124,7 @@ class SwiGLU(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         value, gate = mx.split(self.proj(x), 2, axis=-1)
-        return value * nn.silu(gate)
+        return value * kernels.silu(gate)
 
 
 class FeedForward(nn.Module):
@@ -141,7 +144,7 @@ class LocalEmbed(nn.Module):
         self.seq = [nn.Linear(in_dim, dim), None, nn.Linear(dim, dim)]
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.seq[2](nn.silu(self.seq[0](x)))
+        return self.seq[2](kernels.silu(self.seq[0](x)))
 
 
 class TransformerBlock(nn.Module):
@@ -170,11 +173,11 @@ class TransformerBlock(nn.Module):
         modulation = (self.to_scale_shift_gate + adaln)[:, None, :]
         scale_sa, shift_sa, gate_sa, scale_ff, shift_ff, gate_ff = mx.split(modulation, 6, axis=-1)
         h = self.pre_norm(x) * (1 + scale_sa) + shift_sa
-        x = x + self.self_attn(h, rope, key_mask) * mx.sigmoid(1 - gate_sa)
+        x = x + self.self_attn(h, rope, key_mask) * kernels.sigmoid(1 - gate_sa)
         x = x + self.cross_attn(self.cross_attend_norm(x), context)
         if local_cond is not None:
             local = self.to_local_embed(local_cond)
             pad = mx.zeros((x.shape[0], x.shape[1] - local.shape[1], x.shape[2]), dtype=local.dtype)
             x = x + mx.concatenate([pad, local], axis=1)  # zero rows over the memory tokens
         h = self.ff_norm(x) * (1 + scale_ff) + shift_ff
-        return x + self.ff(h) * mx.sigmoid(1 - gate_ff)
+        return x + self.ff(h) * kernels.sigmoid(1 - gate_ff)

@@ -12,6 +12,9 @@ import math
 import mlx.core as mx
 import mlx.nn as nn
 
+from sa3mlx.models.attention import attention
+from sa3mlx.runtime import kernels
+
 SIN_GATE_SCALE = 3.14159265359  # the official constant (rounds to float32 pi)
 
 
@@ -68,7 +71,7 @@ def band_attention(
     mask = mx.broadcast_to(_band_mask(N, nb, block, left, right)[None], (B, nb, 1, block, width)).reshape(
         B * nb, 1, block, width
     )
-    out = mx.fast.scaled_dot_product_attention(blocks, windows(k), windows(v), scale=scale, mask=mask)
+    out = attention(blocks, windows(k), windows(v), scale, mask)
     out = out.reshape(B, nb, H, block, dh).transpose(0, 2, 1, 3, 4).reshape(B, H, nb * block, dh)
     return out[:, :, :N]
 
@@ -105,7 +108,7 @@ class DiffSelfAttention(nn.Module):
         q, k, v = q.reshape(shape), k.reshape(shape), v.reshape(shape)
         scale = 1.0 / math.sqrt(self.dim_heads)
         if band is None:
-            out = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale)
+            out = attention(q, k, v, scale)
         else:
             out = band_attention(q, k, v, band[0], band[1], scale)
         if self.differential:
@@ -121,7 +124,7 @@ class Glu(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         value, gate = mx.split(self.proj(x), 2, axis=-1)
-        return value * (mx.sin(SIN_GATE_SCALE * gate) if self.sinusoidal else nn.silu(gate))
+        return value * (mx.sin(SIN_GATE_SCALE * gate) if self.sinusoidal else kernels.silu(gate))
 
 
 class FeedForward(nn.Module):

@@ -15,6 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from sa3mlx.models.config import T5GemmaConfig
+from sa3mlx.runtime import kernels
 from sa3mlx.runtime.artifacts import load_mlx_arrays
 from sa3mlx.runtime.precision import compute_dtype
 
@@ -69,7 +70,7 @@ class SelfAttention(nn.Module):
         if self.window is not None and self.window < L:
             allowed = mx.logical_and(allowed, window_band(L, self.window)[None, None])
         scores = mx.where(allowed, scores, mx.array(dtype_min(scores.dtype), dtype=scores.dtype))
-        weights = mx.softmax(scores.astype(mx.float32), axis=-1).astype(q.dtype)
+        weights = kernels.softmax(scores.astype(mx.float32)).astype(q.dtype)
         out = (weights @ v).transpose(0, 2, 1, 3).reshape(B, L, -1)
         return self.o_proj(out)
 

@@ -1,0 +1,141 @@
+"""Element-wise transcendental kernels (exp, softmax, sigmoid, SiLU), fast on x86 CPUs.
+
+MLX's x86 CPU backend evaluates `exp` with SIMD width 1 and a library `fma` call per
+polynomial step (~12 ns per element, 50x a multiply), so `mx.softmax`, `mx.sigmoid` and
+`nn.silu` cost as much as the matmuls around them. Here `exp` is the same Cephes scheme
+written as MLX arithmetic under `mx.compile`, which g++ vectorises: Cody-Waite reduction
+x = n·ln2 + r, a degree-7 polynomial for e^r, then 2^n. `exp` builds 2^n from the exponent
+bits (relative error <= 1.5e-7 on [-87.3, 88.3], MLX's own: 8.8e-7; 0 below, inf above, NaN
+kept). Softmax (after its max) and sigmoid (of -|x|) only need x <= 0, where 2^n comes from
+two integer shifts instead: no bit view, so the whole exp fuses into one kernel.
+
+`mx.compile` does not apply inside an eager `mx.grad`/`mx.vjp` trace, so there the forward
+runs at about MLX's speed; under a compiled step (training, `compiled_forward`) it fuses.
+Gradients are exact formulas of the saved outputs (custom VJPs, MLX's formulas).
+
+The one switch: `fast_path(x)` is true on the CPU device for float32 inputs of at most
+FAST_MAX_BYTES unless SA3MLX_FAST_KERNELS=0. Elsewhere (Metal, CUDA, other dtypes) every function here is
+MLX's own op.
+"""
+
+from __future__ import annotations
+
+import os
+
+import mlx.core as mx
+
+from sa3mlx.runtime.precision import on_cpu
+
+SWITCH = "SA3MLX_FAST_KERNELS"
+# Above this size MLX's kernels run: measured on the 2-core machine, the compiled small-music train
+# step at crop 1300 (22-119 MB activations) took 18 s/step with the fast kernels vs 12-14 s without,
+# also with the 119 MB softmax alone left to MLX; at crop 256 (<= 6.5 MB) they are faster. Cause
+# not yet found (the multi-pass memory traffic of the compiled graphs is the suspect).
+FAST_MAX_BYTES = 8 * 2**20
+LOG2E = 1.4426950408889634
+LN2_HI, LN2_LO = 0.693359375, -2.12194440e-4  # ln 2 split so n·LN2_HI is exact for |n| < 2**10
+EXP_LO, EXP_HI = -87.33654, 88.37626  # the range where 2^n stays a normal float32
+NEG_LO, NEG_SHIFT_BIAS = -41.5, -60  # `_exp_nonpositive`: n in [-60, 0] so 2^(n+60) = 2^a·2^b, a, b <= 30
+ROUND_MAGIC = 12582912.0  # 1.5·2^23: (y + M) - M rounds y to the nearest integer without a floor call
+EXP_POLY = (5.0000001201e-1, 1.6666665459e-1, 4.1665795894e-2, 8.3334519073e-3, 1.3981999507e-3, 1.9875691500e-4)
+
+
+def fast_path(x: mx.array, nbytes: int | None = None) -> bool:
+    """Whether x (or a float32 result of `nbytes` made from it) goes through the kernels here:
+    CPU, float32, at most FAST_MAX_BYTES, not switched off."""
+    if x.dtype != mx.float32 or (x.nbytes if nbytes is None else nbytes) > FAST_MAX_BYTES or not on_cpu():
+        return False
+    return os.environ.get(SWITCH, "1").lower() not in ("0", "off", "false")
+
+
+def _exp_reduced(x: mx.array) -> tuple[mx.array, mx.array]:
+    """(e^r, n) with x = n·ln2 + r, |r| <= ln2/2, for x already clamped to a finite range."""
+    n = (x * LOG2E + ROUND_MAGIC) - ROUND_MAGIC
+    r = (x - n * LN2_HI) - n * LN2_LO
+    r2 = r * r
+    c0, c1, c2, c3, c4, c5 = EXP_POLY
+    p = (c0 + c1 * r) + r2 * ((c2 + c3 * r) + r2 * (c4 + c5 * r))  # Estrin: a shallow graph fuses better
+    return (p * r2 + r) + 1.0, n
+
+
+def _exp_poly(x: mx.array) -> mx.array:
+    e_r, n = _exp_reduced(mx.clip(x, EXP_LO, EXP_HI))
+    two_n = mx.left_shift(n.astype(mx.int32) + 127, 23).view(mx.float32)
+    return mx.where(x > EXP_HI, mx.inf, mx.where(x < EXP_LO, 0.0, e_r * two_n))
+
+
+def _exp_nonpositive(x: mx.array) -> mx.array:
+    """e^x for x <= 0; 0 below NEG_LO, where e^x < 1e-18 is below fp32 resolution next to any O(1) term
+    (softmax after its max, sigmoid's e^-|x|). 2^n from two integer shifts converted to float: unlike
+    the bit view of `_exp_poly`, that fuses into one compiled kernel (about 1.5x faster)."""
+    e_r, n = _exp_reduced(mx.maximum(x, NEG_LO))
+    k = n.astype(mx.int32) - NEG_SHIFT_BIAS  # 0..60
+    k_low = mx.minimum(k, 30)
+    two_n = mx.left_shift(1, k_low).astype(mx.float32) * mx.left_shift(1, k - k_low).astype(mx.float32)
+    return mx.where(x < NEG_LO, 0.0, e_r * two_n * 2.0**NEG_SHIFT_BIAS)
+
+
+def _softmax_last(x: mx.array) -> mx.array:
+    e = _exp_nonpositive(x - mx.max(x, axis=-1, keepdims=True))
+    return e / mx.sum(e, axis=-1, keepdims=True)
+
+
+def _sigmoid(x: mx.array) -> mx.array:
+    e = _exp_nonpositive(-mx.abs(x))
+    return mx.where(x >= 0, 1.0, e) / (1.0 + e)
+
+
+_compiled = {f: mx.compile(f) for f in (_exp_poly, _softmax_last, _sigmoid)}
+
+
+@mx.custom_function
+def _fast_exp(x):
+    return _compiled[_exp_poly](x)
+
+
+@_fast_exp.vjp
+def _fast_exp_vjp(x, cotangent, out):
+    return (cotangent * out,)
+
+
+@mx.custom_function
+def _fast_softmax(x):
+    return _compiled[_softmax_last](x)
+
+
+@_fast_softmax.vjp
+def _fast_softmax_vjp(x, cotangent, s):
+    sg = s * cotangent  # MLX's own softmax VJP: s·g - s·Σ(s·g)
+    return (sg - s * mx.sum(sg, axis=-1, keepdims=True),)
+
+
+@mx.custom_function
+def _fast_sigmoid(x):
+    return _compiled[_sigmoid](x)
+
+
+@_fast_sigmoid.vjp
+def _fast_sigmoid_vjp(x, cotangent, s):
+    return (cotangent * (s * (1.0 - s)),)
+
+
+def exp(x: mx.array) -> mx.array:
+    return _fast_exp(x) if fast_path(x) else mx.exp(x)
+
+
+def softmax(x: mx.array, axis: int = -1) -> mx.array:
+    """Softmax along `axis` (max-subtracted, as MLX's precise softmax)."""
+    if not fast_path(x):
+        return mx.softmax(x, axis=axis, precise=True)
+    if axis in (-1, x.ndim - 1):
+        return _fast_softmax(x)
+    return mx.swapaxes(_fast_softmax(mx.swapaxes(x, axis, -1)), axis, -1)
+
+
+def sigmoid(x: mx.array) -> mx.array:
+    return _fast_sigmoid(x) if fast_path(x) else mx.sigmoid(x)
+
+
+def silu(x: mx.array) -> mx.array:
+    """x·sigmoid(x); its gradient by autodiff of the product, from the saved sigmoid (no second exp)."""
+    return x * (_fast_sigmoid(x) if fast_path(x) else mx.sigmoid(x))
