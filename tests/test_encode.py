@@ -17,6 +17,7 @@ from sa3mlx.audio.normalize import LATENT_SAMPLES, normalize_dir
 from sa3mlx.audio.write import write_float_wav
 from sa3mlx.convert.model import convert_source
 from sa3mlx.data import encode as enc
+from sa3mlx.data.dataset import encoded_share
 from sa3mlx.data.encode import Codec, EncodeOptions, encode_dir, parse_shard
 from sa3mlx.models.same_chunked import encode_long
 from sa3mlx.runtime.io import sha256_file
@@ -242,9 +243,12 @@ def test_shards_split_the_work_and_fill_the_cache(work):
         summary = work.run(EncodeOptions(shard=f"{i}/3"))
         done.append(summary.encoded)
         assert not (work.tmp / "latents" / "details.json").exists()
+        warning = encoded_share(work.tmp / "latents")  # what the train stage prints on such a folder
+        assert f"holds only share {i}/3 of the corpus ({summary.total} files" in warning
     assert sum(done) == 8
     summary = work.run()
     assert (summary.encoded, summary.skipped) == (0, 8)
+    assert encoded_share(work.tmp / "latents") is None  # the unsharded run removed the share record
 
 
 def test_reserved_names_tag_clashes_and_bad_files(work):

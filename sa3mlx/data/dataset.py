@@ -25,7 +25,9 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from sa3mlx.data.prompts import PromptTemplate, build_prompt
+from sa3mlx.runtime.artifacts import read_json
 from sa3mlx.runtime.errors import ArtifactError, UserError
+from sa3mlx.runtime.layout import ENCODE_SHARE_FILE
 from sa3mlx.runtime.shards import ENCODE_DETAILS, Span, Tree, open_tree
 
 SILENCE_FILE = "silence.npy"
@@ -43,6 +45,18 @@ class LatentFile:
     latent: Span
     sidecar: Span
     relpath: str  # the .npy path relative to the root, "/"-separated
+
+
+def encoded_share(root: str | Path) -> str | None:
+    """A line to warn with when `root` holds one `encode.shard` share of the corpus, else None."""
+    marker = Path(root) / ENCODE_SHARE_FILE
+    if not marker.is_file():
+        return None
+    share = read_json(marker, "encode share record")
+    return (
+        f"warning: {root} holds only share {share.get('shard')} of the corpus ({share.get('files')} files, "
+        "from `encode.shard`): set encode.shard: null and `dvc repro encode` to train on all of it"
+    )
 
 
 def find_latents(root: str | Path | Tree) -> list[LatentFile]:

@@ -33,8 +33,8 @@ from sa3mlx.models.same import SameEncoder, autoencoder_config, load_same_encode
 from sa3mlx.models.same_chunked import encode_long, latent_mask
 from sa3mlx.runtime.artifacts import read_json, verify_listed
 from sa3mlx.runtime.errors import LOAD_ERRORS, ArtifactError, ParamError, UserError, one_line
-from sa3mlx.runtime.io import sha256_file
-from sa3mlx.runtime.layout import MODEL_CONFIG_FILE, SAME_ENCODER_FILE, SAMPLE_RATE
+from sa3mlx.runtime.io import save_json, sha256_file
+from sa3mlx.runtime.layout import ENCODE_SHARE_FILE, MODEL_CONFIG_FILE, SAME_ENCODER_FILE, SAMPLE_RATE
 from sa3mlx.runtime.params import dataclass_from_params
 from sa3mlx.runtime.previous import PreviousOutput
 from sa3mlx.runtime.schema import choice, integer, number, spec
@@ -334,6 +334,8 @@ def encode_dir(
     if shard is None:
         remove_temporaries(latents)
         writer.finish(DETAILS_FILE, {**details(codec, options, model, normalized, summary), CACHE_KEYS: keys})
+    else:  # what a train run on this folder must be told: it holds one share of the corpus
+        save_json(latents / ENCODE_SHARE_FILE, {"shard": options.shard, "files": len(files)})
     summary.wall = time.perf_counter() - started
     return summary
 

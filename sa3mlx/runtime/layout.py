@@ -26,6 +26,9 @@ T5GEMMA_FILE = "t5gemma.npz"
 T5GEMMA_DIR = "t5gemma"  # its config.json + tokenizer files
 MANIFEST_FILE = "manifest.json"
 
+# data/latents/ after an `encode.shard` run: which share it holds (an unsharded run removes it)
+ENCODE_SHARE_FILE = "encode_share.json"
+
 # models/svd/<name>/
 SVD_FILE = "svd_bases.safetensors"
 

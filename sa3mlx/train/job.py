@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import IO
 
-from sa3mlx.data.dataset import BatchLoader, EpochSampler, PreEncodedDataset, find_latents
+from sa3mlx.data.dataset import BatchLoader, EpochSampler, PreEncodedDataset, encoded_share, find_latents
 from sa3mlx.lora.checkpoint import read_lora
 from sa3mlx.lora.types import adapter_kind
 from sa3mlx.models.config import ModelConfig
@@ -288,6 +288,9 @@ class TrainJob:
         choice, lines = prepare_run(run.root, key, payload)
         run.ensure_root()
         console.say([f"train: {self.describe()}", *lines])
+        partial = encoded_share(self.latents)
+        if partial:
+            console.say(f"train: {partial}")
         settings = LoopSettings.from_config(self.cfg, fingerprint=key, fingerprint_inputs=payload)
         metrics = TrainingMetrics(self.metrics_dir, choice.state.step if choice.state else None)
         callbacks = self.callbacks(session, loader, run, metrics, console)
