@@ -74,7 +74,7 @@ STAGE_CHECKS: dict[str, Callable] = {
 def check_raw() -> None:
     raw = Path(RAW_DIR)
     if not raw.is_dir() or not any(p.is_file() for p in raw.rglob("*")):
-        raise UserError(f'{RAW_DIR} is empty or missing: put your audio there (README "Your own data")')
+        raise UserError(f'{RAW_DIR} is empty or missing: put your audio there (README "Train on your own music")')
 
 
 def problems() -> list[str]:

@@ -71,7 +71,7 @@ def cast_floats(arrays: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarr
 
 
 SOURCE_CONTENTS = (MODEL_CONFIG_FILE, CHECKPOINT_FILE, T5GEMMA_SOURCE_DIR + "/")
-SA3_REPOS = (  # Hugging Face repos whose snapshots are model folders (README "Using a real SA3 checkpoint")
+SA3_REPOS = (  # Hugging Face repos whose snapshots are model folders (README "Train on your own music")
     "stabilityai/stable-audio-3-small-music-base",
     "stabilityai/stable-audio-3-small-music",
     "stabilityai/stable-audio-3-medium-base",
@@ -97,7 +97,7 @@ def check_source_folder(folder: str | Path, key: str = "model.base") -> None:
     raise UserError(
         f"{folder} ({key}) {state}: a model folder holds a Hugging Face SA3 snapshot ({', '.join(SOURCE_CONTENTS)}); "
         f"get one with `hf download {SA3_REPOS[0]} --local-dir {folder}` (or {', '.join(SA3_REPOS[1:])}; "
-        f'README "Using a real SA3 checkpoint"), or set {key} to a folder that has them'
+        f'README "Train on your own music"), or set {key} to a folder that has them'
         + (f" ({', '.join(others)})" if others else "")
     )
 

@@ -50,7 +50,7 @@ class LatentCache:
         marker = self.root / ".gitignore"
         if not marker.is_file():
             self.root.mkdir(parents=True, exist_ok=True)
-            marker.write_text('# the encode stage\'s machine-local latent cache (see README "encode")\n*\n')
+            marker.write_text('# the encode stage\'s machine-local latent cache (see docs/stages.md "encode")\n*\n')
 
     def _paths(self, key: str) -> tuple[Path, Path]:
         folder = self.root / key[:2]
