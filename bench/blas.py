@@ -10,6 +10,10 @@ the largest size is below 0.8.
 
 from __future__ import annotations
 
+import sa3mlx  # noqa: F401  (first: sets MLX's BLAS up before mlx is imported)
+
+# isort: split
+
 import argparse
 import json
 import os
@@ -21,7 +25,6 @@ import time
 import mlx.core as mx
 import numpy as np
 
-import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 from sa3mlx.runtime import blas
 
 TARGET_RATIO = 0.8

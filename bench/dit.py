@@ -11,13 +11,16 @@ Target on CPU: forward+backward >= 50 % of the GEMM figure.
 
 from __future__ import annotations
 
+import sa3mlx  # noqa: F401  (first: sets MLX's BLAS up before mlx is imported)
+
+# isort: split
+
 import argparse
 import dataclasses
 
 import mlx.core as mx
 from blas import median_seconds, mlx_gemm  # bench/blas.py: shared GEMM measurement and timing
 
-import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 from sa3mlx.models.config import DiTConfig
 from sa3mlx.models.dit import DiT
 

@@ -15,6 +15,10 @@ The tiny default is `models/tiny-base` converted into a temporary folder, traine
 
 from __future__ import annotations
 
+import sa3mlx  # noqa: F401  (first: sets MLX's BLAS up before mlx is imported)
+
+# isort: split
+
 import argparse
 import dataclasses
 import statistics
@@ -27,7 +31,6 @@ import numpy as np
 from blas import mlx_gemm  # bench/blas.py: the GEMM measurement, shared
 from dit import PROMPT_TOKENS, SIZES, matmul_flops  # bench/dit.py: the small-music config and FLOP count
 
-import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 from sa3mlx.convert.model import convert_source
 from sa3mlx.lora.inject import inject_adapters
 from sa3mlx.models.conditioning import Conditioner
@@ -62,18 +65,26 @@ def random_batch(cfg, crop: int, objective: ObjectiveConfig, rng: np.random.Gene
     return {k: mx.array(v) for k, v in arrays.items()}
 
 
-def small_step(depth: int | None, crop: int, rank: int, materialize: bool, compile: bool, repeats: int) -> dict:
-    cfg = SIZES["small"] if depth is None else dataclasses.replace(SIZES["small"], depth=depth)
+def random_step(
+    cfg, crop: int, rank: int, materialize: bool, compile: bool, grad_checkpoint: bool = False
+) -> tuple[StepCore, dict, int]:
+    """(StepCore, batch, adapted layer count) of a random-weight DiT of `cfg` with the preset's adapters."""
     train = resolve(PRESET, {"adapter": {"rank": rank}})
     mx.random.seed(0)
     dit, cond = DiT(cfg), Conditioner(cfg.cond_token_dim)
     cond.update({k: mx.random.normal(v.shape) * 0.02 for k, v in cond.parameters().items()})
     layers = inject_adapters(dit, cond, train.adapter, key=mx.random.key(0), materialize=materialize, announce=False)
+    dit.transformer.checkpoint_blocks = grad_checkpoint
     mx.eval(dit.parameters(), cond.parameters())
     objective = ObjectiveConfig.from_train_config(train)
     optimizer = make_adamw(AdamWConfig(train.lr, train.betas, train.eps, train.weight_decay))
     core = StepCore(dit, cond, layers, objective, optimizer, train.grad_clip, compile)
-    batch = random_batch(cfg, crop, objective, np.random.default_rng(0))
+    return core, random_batch(cfg, crop, objective, np.random.default_rng(0)), len(layers)
+
+
+def small_step(depth: int | None, crop: int, rank: int, materialize: bool, compile: bool, repeats: int) -> dict:
+    cfg = SIZES["small"] if depth is None else dataclasses.replace(SIZES["small"], depth=depth)
+    core, batch, layers = random_step(cfg, crop, rank, materialize, compile)
     mx.reset_peak_memory()
     start = time.perf_counter()
     core.run([batch])  # compiles on the first call
@@ -87,7 +98,7 @@ def small_step(depth: int | None, crop: int, rank: int, materialize: bool, compi
     seconds = statistics.median(times)
     return {
         "depth": cfg.depth,
-        "layers": len(layers),
+        "layers": layers,
         "first_s": first,
         "step_s": seconds,
         "gflops": (2 * linear + 3 * attention) / seconds / 1e9,

@@ -43,6 +43,8 @@ class ContinuousTransformer(nn.Module):
             TransformerBlock(E, cfg.num_heads, cfg.ff_inner, cfg.local_add_cond_dim, cfg.differential)
             for _ in range(cfg.depth)
         ]
+        # gradient checkpointing: keep only each block's input for the backward, recompute the rest
+        self.checkpoint_blocks = False
 
     def __call__(
         self,
@@ -66,8 +68,11 @@ class ContinuousTransformer(nn.Module):
         if padding_mask is not None:
             memory_valid = mx.ones((B, self.num_memory_tokens), dtype=mx.bool_)
             key_mask = mx.concatenate([memory_valid, padding_mask.astype(mx.bool_)], axis=1)
+        run = _checkpointed if self.checkpoint_blocks else _plain
         for i, layer in enumerate(self.layers):
-            h = layer(h, context, adaln, rope, local_cond, key_mask)
+            # each block reads its own exact copy (x * 1) of the shared inputs, so their gradient is
+            # summed per block first whether or not the block is checkpointed: bit-identical both ways
+            h = run(layer, h, context * 1, adaln * 1, rope, local_cond, key_mask)
             _put(capture, **{f"block_{i}_out": h})
         out = self.project_out(h[:, self.num_memory_tokens :])
         _put(capture, project_out_out=out)
@@ -116,6 +121,24 @@ class DiT(nn.Module):
         out = self.transformer(h, context, g_proj + t_embed, local, capture, padding_mask)
         out = self.postprocess_conv(out) + out
         return out.transpose(0, 2, 1)
+
+
+def _plain(layer: TransformerBlock, *args) -> mx.array:
+    return layer(*args)
+
+
+def _checkpointed(layer: TransformerBlock, *args) -> mx.array:
+    """The block under `mx.checkpoint`. Its trainable tensors (the adapters) are explicit inputs so
+    their gradients flow; frozen weights are constants. Same operations, same numbers."""
+    outer = layer.trainable_parameters()
+
+    def block(params: dict, *block_args) -> mx.array:
+        layer.update(params)
+        return layer(*block_args)
+
+    out = mx.checkpoint(block)(outer, *args)
+    layer.update(outer)  # the traced call left its own copies in the layer
+    return out
 
 
 def _put(capture: dict | None, **values) -> None:

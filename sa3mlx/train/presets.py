@@ -30,8 +30,9 @@ from sa3mlx.train.timesteps import check_sampler
 DEFAULT_PRESET = "underfit-dashboard"
 LOSS_NORMALIZATIONS = ("none", "timestep", "sample", "sample_channel")
 CROP_BY_FAMILY = {"small": 1300, "medium": 4096}  # underfit's registry defaults, in latents
-# left out of the resume fingerprint: a longer run resumes; max_minutes counts only under WSD
-NOT_FINGERPRINTED = ("max_steps", "max_minutes")
+# left out of the resume fingerprint: a longer run resumes; max_minutes counts only under WSD;
+# grad_checkpoint changes memory, never numbers (a run stopped for memory resumes with it on)
+NOT_FINGERPRINTED = ("max_steps", "max_minutes", "grad_checkpoint")
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class TrainConfig:
     max_minutes: float | None = None  # wall-clock budget of the `wsd` schedule
     grad_clip: float | None = None
     grad_accum: int = 1
+    grad_checkpoint: bool | None = None  # recompute each DiT block in the backward; None: sa3mlx.train.memory's rule
     # run length and saving
     max_steps: int = 20000  # absolute global step target
     checkpoint_every: int = 1000
