@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
 
 from sa3mlx.models.config import DiTConfig
 from sa3mlx.models.dit_layers import RotaryEmbedding, TransformerBlock
@@ -127,17 +128,30 @@ def _plain(layer: TransformerBlock, *args) -> mx.array:
     return layer(*args)
 
 
-def _checkpointed(layer: TransformerBlock, *args) -> mx.array:
-    """The block under `mx.checkpoint`. Its trainable tensors (the adapters) are explicit inputs so
-    their gradients flow; frozen weights are constants. Same operations, same numbers."""
-    outer = layer.trainable_parameters()
+def _checkpointed(layer: TransformerBlock, x, context, adaln, rope, local_cond, key_mask) -> mx.array:
+    """The block with its forward recomputed in the backward. Trainable tensors (the adapters), x,
+    context and adaln are the differentiated inputs; the rest are constants. The recompute waits
+    for the block's output gradient (`mx.depends`), so no block's internals are alive before the
+    backward reaches it (`mx.checkpoint` only waits for the forward). Same operations, same numbers."""
+    trainable = tree_flatten(layer.trainable_parameters())
+    names, values = [k for k, _ in trainable], [v for _, v in trainable]
 
-    def block(params: dict, *block_args) -> mx.array:
-        layer.update(params)
-        return layer(*block_args)
+    def block(*arrays: mx.array) -> mx.array:
+        layer.update(tree_unflatten(list(zip(names, arrays[: len(names)]))))
+        return layer(*arrays[len(names) :], rope, local_cond, key_mask)
 
-    out = mx.checkpoint(block)(outer, *args)
-    layer.update(outer)  # the traced call left its own copies in the layer
+    run = mx.custom_function(block)
+
+    @run.vjp
+    def recompute(primals, cotangent, output):
+        _, grads = mx.vjp(block, mx.depends(list(primals), [cotangent]), [cotangent])
+        # the gradients flowing on wait for this block's adapter gradients, so those are computed
+        # (and the recomputed activations freed) now, not at the end of the backward
+        params, inputs = grads[: len(names)], grads[len(names) :]
+        return (*params, *(mx.depends(inputs, params) if params else inputs))
+
+    out = run(*values, x, context, adaln)
+    layer.update(tree_unflatten(list(zip(names, values))))  # the traced call left its own copies in the layer
     return out
 
 

@@ -30,6 +30,7 @@ from sa3mlx.models.config import ModelConfig
 from sa3mlx.train import progress as P
 from sa3mlx.train.demos import DemoSettings, TrainDemos
 from sa3mlx.train.loop import LoopSettings, TrainingLoop
+from sa3mlx.train.memory import plan_memory
 from sa3mlx.train.metrics import TrainingMetrics
 from sa3mlx.train.presets import TrainConfig, resolve
 from sa3mlx.train.resume import fingerprint, fingerprint_inputs, load_resume, prepare_run, resume_files
@@ -54,6 +55,7 @@ DEMO_DEPS = (
 )
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 SMOKE_STEPS = (3, 3)  # steps before the save, steps after the resume
+MEMORY_EXIT = 3  # the step would not fit in memory (stopped before the first step)
 
 
 @dataclass
@@ -208,7 +210,10 @@ class TrainJob:
         choice, lines = prepare_run(run.root, key, payload)
         run.ensure_root()
         P.emit([f"train: {self.describe()}", *lines], out)
-        session, loader = self.build()
+        cfg = self.fit_memory(out)
+        if cfg is None:
+            return MEMORY_EXIT
+        session, loader = self.build(cfg)
         settings = LoopSettings.from_config(self.cfg, fingerprint=key, fingerprint_inputs=payload)
         metrics = TrainingMetrics(self.metrics_dir, choice.state.step if choice.state else None)
         demos = self.demo_hook(session, run, fresh=choice.state is None, out=out)
@@ -225,6 +230,14 @@ class TrainJob:
             P.emit("train: nothing was trained and the run has no checkpoint", out)
             return 1
         return result.exit_code
+
+    def fit_memory(self, out: IO) -> TrainConfig | None:
+        """The config with `grad_checkpoint` decided, or None (after saying what would fit) when the
+        step's estimated peak exceeds this machine's memory. Nothing is written: the run resumes."""
+        variant = ModelConfig.load(self.model_dir / "model_config.json").variant
+        cfg, check = plan_memory(self.model_dir, self.cfg, self.cfg.crop_length(variant))
+        P.emit(check.lines(), out)
+        return cfg if check.fits else None
 
     def demo_hook(self, session, run: RunPaths, fresh: bool, out: IO) -> TrainDemos | None:
         """The loop's demo hook (None when `train.demos.every` is 0 or there are no entries)."""
@@ -259,7 +272,10 @@ class TrainJob:
         as the stage output; never touches runs/<name>/."""
         out = out or sys.stdout
         before, after = SMOKE_STEPS
-        cfg = replace(self.cfg, max_steps=before, checkpoint_every=before, keep_last=None)
+        fitted = self.fit_memory(out)
+        if fitted is None:
+            return MEMORY_EXIT
+        cfg = replace(fitted, max_steps=before, checkpoint_every=before, keep_last=None)
         P.emit(f"smoke: {before} steps, save, resume in a fresh session, {after} more ({self.describe()})", out)
         with tempfile.TemporaryDirectory(prefix="sa3mlx-smoke-") as tmp:
             straight = self._smoke_loop(cfg, Path(tmp) / "a", out)
