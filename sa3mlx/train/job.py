@@ -27,6 +27,7 @@ import yaml
 from sa3mlx.data.dataset import BatchLoader, EpochSampler, PreEncodedDataset
 from sa3mlx.lora.types import adapter_kind
 from sa3mlx.models.config import ModelConfig
+from sa3mlx.runtime.precision import configure_device
 from sa3mlx.train import progress as P
 from sa3mlx.train.demos import DemoSettings, TrainDemos
 from sa3mlx.train.loop import LoopSettings, TrainingLoop
@@ -236,7 +237,7 @@ class TrainJob:
         step's estimated peak exceeds this machine's memory. Nothing is written: the run resumes."""
         variant = ModelConfig.load(self.model_dir / "model_config.json").variant
         cfg, check = plan_memory(self.model_dir, self.cfg, self.cfg.crop_length(variant))
-        P.emit(check.lines(), out)
+        P.emit([configure_device(), *check.lines()], out)
         return cfg if check.fits else None
 
     def demo_hook(self, session, run: RunPaths, fresh: bool, out: IO) -> TrainDemos | None:
