@@ -30,6 +30,7 @@ import mlx.core as mx
 import numpy as np
 from blas import mlx_gemm  # bench/blas.py: the GEMM measurement, shared
 from dit import PROMPT_TOKENS, SIZES, matmul_flops  # bench/dit.py: the small-music config and FLOP count
+from mlx.utils import tree_map
 
 from sa3mlx.convert.model import convert_source
 from sa3mlx.lora.inject import inject_adapters
@@ -66,12 +67,14 @@ def random_batch(cfg, crop: int, objective: ObjectiveConfig, rng: np.random.Gene
 
 
 def random_step(
-    cfg, crop: int, rank: int, materialize: bool, compile: bool, grad_checkpoint: bool = False
+    cfg, crop: int, rank: int, materialize: bool, compile: bool, grad_checkpoint: bool = False, dtype=mx.float32
 ) -> tuple[StepCore, dict, int]:
-    """(StepCore, batch, adapted layer count) of a random-weight DiT of `cfg` with the preset's adapters."""
+    """(StepCore, batch, adapted layer count) of a random-weight DiT of `cfg` (base in `dtype`) with
+    the preset's adapters."""
     train = resolve(PRESET, {"adapter": {"rank": rank}})
     mx.random.seed(0)
     dit, cond = DiT(cfg), Conditioner(cfg.cond_token_dim)
+    dit.update(tree_map(lambda p: p.astype(dtype), dit.parameters()))
     cond.update({k: mx.random.normal(v.shape) * 0.02 for k, v in cond.parameters().items()})
     layers = inject_adapters(dit, cond, train.adapter, key=mx.random.key(0), materialize=materialize, announce=False)
     dit.transformer.checkpoint_blocks = grad_checkpoint

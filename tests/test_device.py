@@ -58,7 +58,7 @@ def test_dev_rejects_an_unknown_backend(tmp_path):
 def test_pyproject_extras_match_the_backends():
     text = (ROOT / "pyproject.toml").read_text()
     for extra, wheel in (("cpu", "mlx[cpu]"), ("cuda", "mlx[cuda12]"), ("cuda13", "mlx[cuda13]")):
-        assert f'{extra} = ["{wheel}>=0.30; sys_platform == \'linux\'"]' in text
+        assert f"{extra} = [\"{wheel}>=0.30; sys_platform == 'linux'\"]" in text
     assert "mlx[cpu]>=0.30; sys_platform == 'linux'\",\n    \"mlx>=0.30" not in text  # no backend in the base
 
 
@@ -101,7 +101,9 @@ def test_gpu_base_in_storage_dtype_adapters_grads_and_moments_fp32(as_gpu, stora
 def test_metal_raises_the_wired_limit(as_gpu, monkeypatch):
     calls = []
     monkeypatch.setattr(mx.metal, "is_available", lambda: True)
-    monkeypatch.setattr(mx, "device_info", lambda: {"device_name": "Apple M3", "max_recommended_working_set_size": 12e9})
+    monkeypatch.setattr(
+        mx, "device_info", lambda: {"device_name": "Apple M3", "max_recommended_working_set_size": 12e9}
+    )
     monkeypatch.setattr(mx, "set_wired_limit", lambda limit: calls.append(limit) or 0)
     line = precision.configure_device()
     assert calls == [12_000_000_000]

@@ -130,17 +130,15 @@ def test_plan_decides_checkpointing_when_null(tiny_project, monkeypatch):
     assert check.options[0].startswith("train.grad_checkpoint: true")
 
 
-def test_a_step_that_cannot_fit_stops_cleanly_and_the_run_resumes(tiny_project, tmp_path, monkeypatch):
+def test_a_step_that_cannot_fit_stops_cleanly_and_the_run_resumes(tiny_project, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(M.MEMORY_ENV, "0.05")
     job = _job(tiny_project, tmp_path)
-    out = io.StringIO()
-    assert job.run(out) == MEMORY_EXIT
-    text = out.getvalue()
+    assert job.run(io.StringIO()) == MEMORY_EXIT
+    text = capsys.readouterr().err
     assert "memory: this step would not fit; stopping before the first step" in text
     assert "nothing smaller fits" in text  # the weights alone exceed 50 MB
     assert job.run_paths("x").root.is_dir() and list_checkpoints(job.run_paths("x").root) == []
     monkeypatch.delenv(M.MEMORY_ENV)
-    out = io.StringIO()
-    assert job.run(out) == 0
-    assert "memory: estimated peak" in out.getvalue()
+    assert job.run(io.StringIO()) == 0
+    assert "memory: estimated peak" in capsys.readouterr().err
     assert list_checkpoints(job.run_paths("x").root)[-1].name == "tiny-lora-step=8-epoch=2.safetensors"

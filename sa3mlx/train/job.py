@@ -211,7 +211,7 @@ class TrainJob:
         choice, lines = prepare_run(run.root, key, payload)
         run.ensure_root()
         P.emit([f"train: {self.describe()}", *lines], out)
-        cfg = self.fit_memory(out)
+        cfg = self.fit_memory()
         if cfg is None:
             return MEMORY_EXIT
         session, loader = self.build(cfg)
@@ -232,12 +232,13 @@ class TrainJob:
             return 1
         return result.exit_code
 
-    def fit_memory(self, out: IO) -> TrainConfig | None:
+    def fit_memory(self) -> TrainConfig | None:
         """The config with `grad_checkpoint` decided, or None (after saying what would fit) when the
-        step's estimated peak exceeds this machine's memory. Nothing is written: the run resumes."""
+        step's estimated peak exceeds this machine's memory. Nothing is written: the run resumes.
+        The lines go to stderr (stdout is the dashboard's)."""
         variant = ModelConfig.load(self.model_dir / "model_config.json").variant
         cfg, check = plan_memory(self.model_dir, self.cfg, self.cfg.crop_length(variant))
-        P.emit([configure_device(), *check.lines()], out)
+        P.emit([configure_device(), *check.lines()], sys.stderr)
         return cfg if check.fits else None
 
     def demo_hook(self, session, run: RunPaths, fresh: bool, out: IO) -> TrainDemos | None:
@@ -273,7 +274,7 @@ class TrainJob:
         as the stage output; never touches runs/<name>/."""
         out = out or sys.stdout
         before, after = SMOKE_STEPS
-        fitted = self.fit_memory(out)
+        fitted = self.fit_memory()
         if fitted is None:
             return MEMORY_EXIT
         cfg = replace(fitted, max_steps=before, checkpoint_every=before, keep_last=None)

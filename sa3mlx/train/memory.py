@@ -29,11 +29,12 @@ from sa3mlx.runtime.precision import on_cpu
 from sa3mlx.train.presets import TrainConfig
 
 GB = 1e9
-# fitted by `python bench/memory.py --fit` (small-music blocks, d1/d2, crop 256/1300, fp32 CPU)
-ALPHA = 60.0  # E-wide fp32 values kept per token per block for the backward (incl. the 4E feed-forward)
-BETA = 3.0  # L×L attention maps kept per head per block (scores, probabilities, their gradient)
-CKPT_KEPT = 2.0  # E-wide values per token per block with checkpointing (the block input and its gradient)
-OVERHEAD_BYTES = int(0.3 * GB)  # the runtime, compile buffers, prompts and host batch
+# fitted by `python bench/memory.py --fit` (small-music blocks, fp32 CPU, batch 1): plain steps at d1/d2
+# and crops 256/1300, checkpointed ones at d2/d4 and crop 1300
+ALPHA = 71.0  # E-wide fp32 values kept per token per block for the backward (incl. the 4E feed-forward)
+BETA = 0.53  # L×L attention maps kept per head per block (MLX's attention backward recomputes most)
+CKPT_KEPT = 5.0  # E-wide values per token per checkpointed block (its input, the gradient flowing back)
+OVERHEAD_BYTES = int(0.46 * GB)  # the runtime, compile buffers, the batch (measured intercept)
 USABLE = 0.85  # share of the budget a run may plan to use (the OS, the data loader, fragmentation)
 MEMORY_ENV = "SA3MLX_MEMORY_GB"  # overrides the detected budget (e.g. a shared machine's share)
 
