@@ -73,6 +73,8 @@ def run_case(case: dict, repeats: int) -> dict:
         start = time.perf_counter()
         core.run([batch])
         times.append(time.perf_counter() - start)
+    timed_first = not times  # --repeats 0: memory only; the one step's time includes the compile
+    times = times or [first]
     peak = mx.get_peak_memory()
     del core, batch
     mx.clear_cache()
@@ -88,6 +90,7 @@ def run_case(case: dict, repeats: int) -> dict:
         "weights_gb": 4.0 * dit_parameter_count(cfg) / GB,
         "first_s": first,
         "step_s": [min(times), median, max(times)],
+        "timed_first": timed_first,
         "gemm_gflops": gemm,
         "pct_gemm": 100.0 * (2 * linear + 3 * attention) / median / 1e9 / gemm,
     }

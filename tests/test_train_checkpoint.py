@@ -117,7 +117,8 @@ def tiny_project(tmp_path_factory):
     restore()
 
 
-def _job(project, root, **params) -> TrainJob:
+def tiny_job(project, root, **params) -> TrainJob:
+    """A TrainJob on the tiny project's model and latents, with its run folders under `root`."""
     for sub in ("models", "data"):
         if not (root / sub).exists():
             root.mkdir(parents=True, exist_ok=True)
@@ -131,12 +132,12 @@ def _final(job: TrainJob):
 
 
 def test_resume_with_checkpointing_is_bit_exact_and_equals_the_plain_run(tiny_project, tmp_path):
-    straight = _job(tiny_project, tmp_path / "plain", grad_checkpoint=False)
+    straight = tiny_job(tiny_project, tmp_path / "plain", grad_checkpoint=False)
     assert straight.run(io.StringIO()) == 0
-    first = _job(tiny_project, tmp_path / "split", max_steps=5, grad_checkpoint=True)
+    first = tiny_job(tiny_project, tmp_path / "split", max_steps=5, grad_checkpoint=True)
     assert first.run(io.StringIO()) == 0
     out = io.StringIO()
-    assert _job(tiny_project, tmp_path / "split", grad_checkpoint=True).run(out) == 0
+    assert tiny_job(tiny_project, tmp_path / "split", grad_checkpoint=True).run(out) == 0
     assert "resume: continuing from tiny-lora-step=5-epoch=2.safetensors" in out.getvalue()
     (a, a_arrays), (b, b_arrays) = _final(straight), _final(first)
     assert a.name == b.name == "tiny-lora-step=8-epoch=2.safetensors"

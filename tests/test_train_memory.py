@@ -6,11 +6,12 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from test_train_loop_fake import TINY_PARAMS, make_tiny_project, reproducible_prompt_encoding
+import test_train_checkpoint
+from test_train_checkpoint import tiny_job
 
 from sa3mlx.models.config import DiTConfig, ModelConfig
 from sa3mlx.train import memory as M
-from sa3mlx.train.job import MEMORY_EXIT, TrainJob
+from sa3mlx.train.job import MEMORY_EXIT
 from sa3mlx.train.presets import resolve
 from sa3mlx.train.runs import list_checkpoints
 
@@ -28,6 +29,7 @@ CFG = DiTConfig(
     differential=False,
 )
 WEIGHTS = 1e9
+tiny_project = test_train_checkpoint.tiny_project  # the fixture, shared
 
 
 def est(crop=1000, micro=1, ckpt=False, cfg=CFG):
@@ -95,21 +97,6 @@ def test_memory_budget_override_and_system(monkeypatch):
     assert budget > 0 and source
 
 
-@pytest.fixture(scope="module")
-def tiny_project(tmp_path_factory):
-    restore = reproducible_prompt_encoding()
-    yield make_tiny_project(tmp_path_factory.mktemp("tiny"))
-    restore()
-
-
-def _job(project, root, **params) -> TrainJob:
-    for sub in ("models", "data"):
-        if not (root / sub).exists():
-            root.mkdir(parents=True, exist_ok=True)
-            (root / sub).symlink_to(project / sub)
-    return TrainJob.from_params({**TINY_PARAMS, **params}, "tiny-base", root=root)
-
-
 def test_plan_decides_checkpointing_when_null(tiny_project, monkeypatch):
     model_dir = tiny_project / "models" / "converted" / "tiny-base"
     dit = ModelConfig.load(model_dir / "model_config.json").dit
@@ -132,7 +119,7 @@ def test_plan_decides_checkpointing_when_null(tiny_project, monkeypatch):
 
 def test_a_step_that_cannot_fit_stops_cleanly_and_the_run_resumes(tiny_project, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(M.MEMORY_ENV, "0.05")
-    job = _job(tiny_project, tmp_path)
+    job = tiny_job(tiny_project, tmp_path)
     assert job.run(io.StringIO()) == MEMORY_EXIT
     text = capsys.readouterr().err
     assert "memory: this step would not fit; stopping before the first step" in text

@@ -133,9 +133,11 @@ def alternatives(cfg: DiTConfig, shape: StepShape, weight_bytes: float, budget: 
     """Settings near `shape` whose estimate fits, as params.yaml lines (best first)."""
     fits = lambda s: estimate_peak_bytes(cfg, s, weight_bytes) <= USABLE * budget
     lines = []
+    modes = sorted({shape.checkpoint, True})
     if not shape.checkpoint and fits(replace(shape, checkpoint=True)):
         lines.append("train.grad_checkpoint: true (same numbers, about a third slower)")
-    for ckpt in sorted({shape.checkpoint, True}):
+        modes = [False]  # checkpointing alone is enough: no need to shrink anything with it on
+    for ckpt in modes:
         micro = shape.micro_batch // 2
         while micro >= 1 and not fits(replace(shape, micro_batch=micro, checkpoint=ckpt)):
             micro //= 2
