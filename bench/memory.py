@@ -28,12 +28,11 @@ import resource
 import statistics
 import subprocess
 import sys
-import time
 
 import mlx.core as mx
 from blas import mlx_gemm  # bench/blas.py
 from dit import SIZES, matmul_flops  # bench/dit.py
-from train import random_step  # bench/train.py
+from train import random_step, time_steps  # bench/train.py
 
 from sa3mlx.train.memory import GB, StepShape, dit_parameter_count, estimate_peak_bytes
 
@@ -65,14 +64,7 @@ def run_case(case: dict, repeats: int) -> dict:
     cfg = dataclasses.replace(SIZES[case["model"]], depth=case["depth"])
     core, batch, _ = random_step(cfg, case["crop"], 16, materialize=False, compile=True, grad_checkpoint=case["ckpt"])
     mx.reset_peak_memory()
-    start = time.perf_counter()
-    core.run([batch])
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        core.run([batch])
-        times.append(time.perf_counter() - start)
+    first, times = time_steps(core, batch, repeats)
     timed_first = not times  # --repeats 0: memory only; the one step's time includes the compile
     times = times or [first]
     peak = mx.get_peak_memory()
@@ -109,7 +101,7 @@ def spawn(case: str, repeats: int) -> dict:
 
 def describe(row: dict, projected: bool = False) -> str:
     lo, mid, hi = row["step_s"]
-    mark = " (projected)" if projected else ""
+    mark = " (projected)" if projected else " (one step, incl. the compile)" if row.get("timed_first") else ""
     return (
         f"{row['model']:<7}d{row['depth']:<3}crop {row['crop']:<5}ckpt {'on ' if row['ckpt'] else 'off'}  "
         f"peak {row['peak_gb']:6.2f} GB  rss {row.get('rss_gb', float('nan')):6.2f} GB  "
@@ -193,7 +185,8 @@ def main() -> None:
         result[f"{key}_rss_gb"] = round(row["rss_gb"], 3)
         result[f"{key}_estimate_gb"] = round(row["estimate_gb"], 3)
         result[f"{key}_s_per_step"] = [round(s, 2) for s in row["step_s"]]
-        result[f"{key}_pct_gemm"] = round(row["pct_gemm"], 1)
+        if not row["timed_first"]:
+            result[f"{key}_pct_gemm"] = round(row["pct_gemm"], 1)
     medium = [spawn(f"medium:{d}:{args.medium_crop}:on", args.repeats) for d in args.medium_depths]
     for row in medium:
         print(describe(row), flush=True)

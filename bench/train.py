@@ -85,18 +85,24 @@ def random_step(
     return core, random_batch(cfg, crop, objective, np.random.default_rng(0)), len(layers)
 
 
-def small_step(depth: int | None, crop: int, rank: int, materialize: bool, compile: bool, repeats: int) -> dict:
-    cfg = SIZES["small"] if depth is None else dataclasses.replace(SIZES["small"], depth=depth)
-    core, batch, layers = random_step(cfg, crop, rank, materialize, compile)
-    mx.reset_peak_memory()
+def time_steps(core: StepCore, batch: dict, repeats: int) -> tuple[float, list[float]]:
+    """(seconds of the first step, which compiles; seconds of each of `repeats` more)."""
     start = time.perf_counter()
-    core.run([batch])  # compiles on the first call
+    core.run([batch])
     first = time.perf_counter() - start
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         core.run([batch])
         times.append(time.perf_counter() - start)
+    return first, times
+
+
+def small_step(depth: int | None, crop: int, rank: int, materialize: bool, compile: bool, repeats: int) -> dict:
+    cfg = SIZES["small"] if depth is None else dataclasses.replace(SIZES["small"], depth=depth)
+    core, batch, layers = random_step(cfg, crop, rank, materialize, compile)
+    mx.reset_peak_memory()
+    first, times = time_steps(core, batch, repeats)
     linear, attention = matmul_flops(cfg, crop)
     seconds = statistics.median(times)
     return {
