@@ -71,7 +71,7 @@ def random_step(
 ) -> tuple[StepCore, dict, int]:
     """(StepCore, batch, adapted layer count) of a random-weight DiT of `cfg` (base in `dtype`) with
     the preset's adapters."""
-    train = resolve(PRESET, {"adapter": {"rank": rank}})
+    train = resolve(PRESET, {"adapter": {"rank": rank}, "mask_padding_attention": True})  # as shipped SA3 configs
     mx.random.seed(0)
     dit, cond = DiT(cfg), Conditioner(cfg.cond_token_dim)
     dit.update(tree_map(lambda p: p.astype(dtype), dit.parameters()))

@@ -17,6 +17,7 @@ def _convert(args) -> int:
         same_dtype=args.same_dtype,
         t5gemma_dtype=args.t5gemma_dtype,
         allow_pickle=args.allow_pickle,
+        dit_only=args.dit_only,
     )
     manifest = convert_source(args.source, args.out_dir, options)
     for name, info in manifest["files"].items():
@@ -59,6 +60,19 @@ def _lora_merge(args) -> int:
     return 0
 
 
+def _config(args) -> int:
+    import json
+
+    from sa3mlx.runtime.params import stage_params
+    from sa3mlx.train.job import TrainJob
+
+    params = stage_params(args.stage, args.root)
+    model = params["model"]
+    job = TrainJob.from_params(params["train"], base=model["base"], root=args.root, arc=model["arc"])
+    print(json.dumps(job.resolved_config(), indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sa3mlx", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -72,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument(
         "--allow-pickle", action="store_true", help="read .ckpt/.pt files (runs pickle; needs torch; weights-only load)"
     )
+    conv.add_argument(
+        "--dit-only",
+        action="store_true",
+        help="a lone checkpoint file without model_config.json: write its DiT alone (no codec, no text encoder)",
+    )
     conv.set_defaults(run=_convert)
 
     par = sub.add_parser(
@@ -81,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     par.add_argument("words", nargs="+", metavar="ARG")
     par.set_defaults(run=_parity)
+
+    config = sub.add_parser(
+        "config", help="a stage's fully resolved configuration as JSON (preset + params + model config)"
+    )
+    config.add_argument("stage", choices=("train",))
+    config.add_argument("--root", default=".", help="the project folder (params.yaml, dvc.yaml)")
+    config.set_defaults(run=_config)
 
     lora = sub.add_parser("lora", help="adapter files").add_subparsers(dest="lora_command", required=True)
     val = lora.add_parser("validate", help="check an adapter file against underfit's upload contract")

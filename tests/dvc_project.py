@@ -8,12 +8,24 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECT_FILES = ("dvc.yaml", "params.yaml", "stages", "sa3mlx", "models/tiny-base", "models/tiny-arc", "data/raw")
+PROJECT_FILES = (
+    ".dvcignore",
+    ".gitignore",
+    "dvc.yaml",
+    "params.yaml",
+    "stages",
+    "sa3mlx",
+    "models/tiny-base",
+    "models/tiny-arc",
+    "data/raw",
+)
 
 
 def tool_env(extra: dict | None = None) -> dict:
-    """The environment with this interpreter's bin first on PATH, so `dvc` and stage `python` are the venv's."""
-    return {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}", **(extra or {})}
+    """The environment with this interpreter's bin first on PATH, so `dvc` and stage `python` are the venv's
+    (an `extra` value of None removes that variable)."""
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}", **(extra or {})}
+    return {key: value for key, value in env.items() if value is not None}
 
 
 def run(cmd, cwd, timeout=600, env: dict | None = None):

@@ -1,6 +1,8 @@
 import json
 import shutil
 import struct
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -144,7 +146,11 @@ def test_official_mlx_npz_passes_through_validation(tmp_path):
     convert_source(FIXTURES / "dit_medium", tmp_path / "first", FP32)
     official = tmp_path / "dit_medium-base_f16.npz"
     shutil.copyfile(tmp_path / "first" / "dit.npz", official)
-    manifest = convert_source(official, tmp_path / "again", FP32)
+    with pytest.raises(CheckpointError, match="no model_config.json lies beside it.*--dit-only"):
+        convert_source(official, tmp_path / "refused", FP32)
+    assert not (tmp_path / "refused").exists()
+    manifest = convert_source(official, tmp_path / "again", replace(FP32, dit_only=True))
+    assert manifest["variant"] == "dit only (no model_config.json)" and manifest["inferred_dit"]["depth"] == 2
     assert manifest["files"]["dit.npz"]["keys"] == 63
     a, b = npz(tmp_path / "first" / "dit.npz"), npz(tmp_path / "again" / "dit.npz")
     assert all(np.array_equal(a[k], b[k]) for k in a) and a.keys() == b.keys()
@@ -152,7 +158,7 @@ def test_official_mlx_npz_passes_through_validation(tmp_path):
     broken.pop("transformer.layers.0.to_scale_shift_gate")
     np.savez(tmp_path / "broken.npz", **broken)
     with pytest.raises(CheckpointError, match="missing.*\n.*to_scale_shift_gate"):
-        convert_source(tmp_path / "broken.npz", tmp_path / "bad")
+        convert_source(tmp_path / "broken.npz", tmp_path / "bad", replace(FP32, dit_only=True))
 
 
 def test_same_checkpoint_fuses_weight_norm(tmp_path):
@@ -209,3 +215,24 @@ def test_truncated_safetensors_is_reported(tmp_path):
     path.write_bytes((FIXTURES / "dit_small" / "model.safetensors").read_bytes()[:5000])
     with pytest.raises(CheckpointError, match=str(path)):
         read_safetensors(path)
+
+
+def test_a_lone_checkpoint_file_converts_completely_or_is_refused(tmp_path):
+    tiny = Path(__file__).resolve().parents[1] / "models" / "tiny-base"
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    shutil.copyfile(tiny / "model.safetensors", lone / "my-finetune.safetensors")
+    with pytest.raises(CheckpointError, match=r"SAME codec \(pretransform\.\*\) tensors.*model_config.json"):
+        convert_source(lone / "my-finetune.safetensors", tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
+    shutil.copyfile(tiny / "model_config.json", lone / "model_config.json")
+    shutil.copytree(tiny / "t5gemma-b-b-ul2", lone / "t5gemma-b-b-ul2")
+    single = convert_source(lone / "my-finetune.safetensors", tmp_path / "single")
+    folder = convert_source(tiny, tmp_path / "folder")
+    assert (
+        sorted(single["files"])
+        == sorted(folder["files"])
+        == sorted(["dit.npz", "same_encoder.npz", "same_decoder.npz", "t5gemma.npz"])
+    )
+    assert all(single["files"][f]["sha256"] == folder["files"][f]["sha256"] for f in folder["files"])
+    assert (tmp_path / "single" / "model_config.json").read_bytes() == (tiny / "model_config.json").read_bytes()

@@ -160,8 +160,16 @@ def test_xs_merge_uses_svd_stage_bases_or_recomputes(base, tmp_path):
 def test_cli_merge_and_its_errors(base, tmp_path, capsys):
     out = tmp_path / "cli" / "dit.npz"
     assert cli_main(["lora", "merge", "--base", str(base), "--lora", f"{DORA_FILE}:0.5", "--out", str(out)]) == 0
-    assert "torch (live parametrisation)" in capsys.readouterr().out
-    assert (out.parent / "model_config.json").is_file()
+    said = capsys.readouterr().out
+    assert "torch (live parametrisation)" in said and (out.parent / "model_config.json").is_file()
+    assert f"{out.parent / 'model_config.json'}: the base's model_config.json, written beside" in said
+    other = tmp_path / "other" / "model_config.json"
+    other.parent.mkdir()
+    other.write_text('{"not": "the base"}')
+    argv = ["lora", "merge", "--base", str(base), "--lora", f"{DORA_FILE}:0.5", "--out", str(other.parent / "m.npz")]
+    assert cli_main(argv) == 2
+    assert "exists and is not the base's model_config.json" in capsys.readouterr().err
+    assert other.read_text() == '{"not": "the base"}' and not (other.parent / "m.npz").exists()
     assert (
         cli_main(
             ["lora", "merge", "--base", str(base), "--lora", str(tmp_path / "x.ckpt"), "--out", str(tmp_path / "y.npz")]
@@ -188,3 +196,20 @@ def test_cli_merge_and_its_errors(base, tmp_path, capsys):
         == 2
     )
     assert "trained for a different base?" in capsys.readouterr().err
+
+
+def test_merge_reports_the_layer_count_and_refuses_a_partial_merge(base, tmp_path, capsys):
+    from dataclasses import replace
+
+    from sa3mlx.lora.checkpoint import read_lora
+    from sa3mlx.lora.layers import LoRAShapeError
+    from sa3mlx.lora.merge import MergeInput, merge_arrays
+
+    adapter = read_lora(DORA_FILE)
+    out = tmp_path / "count" / "dit.npz"
+    assert cli_main(["lora", "merge", "--base", str(base), "--lora", str(DORA_FILE), "--out", str(out)]) == 0
+    count = len(adapter.layers)
+    assert f"{DORA_FILE}: merged {count} of {count} adapted layers" in capsys.readouterr().out
+    arrays = read_npz(base)
+    with pytest.raises(LoRAShapeError, match="merged 0 of 0 adapted layers"):
+        merge_arrays(arrays, [MergeInput(replace(adapter, layers={}))], say=lambda line: None)

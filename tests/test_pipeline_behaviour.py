@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -258,16 +259,58 @@ def test_killed_train_resumes_from_its_last_checkpoint_and_ends_as_an_uninterrup
 # ---- experiments -----------------------------------------------------------------------------------
 
 
-def test_exp_run_with_a_train_lr_and_exp_show_lists_the_metrics(base, work):
-    out = run(["dvc", "exp", "run", "-n", "lr-x2", "-S", "train.lr=0.0002"], work)
+def exp_rows(work: Path) -> list[dict]:
+    return list(csv.DictReader(io.StringIO(run(["dvc", "exp", "show", "--csv"], work))))
+
+
+def test_two_temp_experiments_differ_only_in_the_param_each_sets(base, work):
+    """The README's recipe: `--temp` keeps the workspace params, so the second run does not inherit the first's."""
+    lr, rank = params_of(work)["train"]["lr"], params_of(work)["train"]["adapter"]["rank"]
+    out = run(["dvc", "exp", "run", "--temp", "-n", "lr-x2", "-S", f"train.lr={lr * 2}"], work)
     assert ran_stages(out) == ["train", "demo"]
-    rows = list(csv.DictReader(io.StringIO(run(["dvc", "exp", "show", "--csv"], work))))
-    row = next(r for r in rows if r["Experiment"] == "lr-x2")
+    assert params_of(work) == params_of(base["path"])  # the workspace is untouched
+    run(["dvc", "exp", "run", "--temp", "-n", "rank-x2", "-S", f"train.adapter.rank={rank * 2}"], work)
+    rows = {r["Experiment"]: r for r in exp_rows(work)}
+    first, second = rows["lr-x2"], rows["rank-x2"]
     # the metric train.lr (dvclive) and the param train.lr share a name: DVC prefixes both with their file
-    assert float(row["params.yaml:train.lr"]) == 0.0002
-    assert float(row["dvclive/train/metrics.json:train.lr"]) > 0
-    assert int(row["step"]) == params_of(work)["train"]["max_steps"]
-    assert np.isfinite(float(row["train.loss"]))
-    baseline = next(r for r in rows if r["typ"] == "baseline" and r["rev"] != "workspace")
-    assert float(baseline["params.yaml:train.lr"]) == params_of(base["path"])["train"]["lr"]
-    assert float(row["train.loss"]) != float(baseline["train.loss"])
+    assert float(first["params.yaml:train.lr"]) == lr * 2 and int(first["train.adapter.rank"]) == rank
+    assert float(second["params.yaml:train.lr"]) == lr and int(second["train.adapter.rank"]) == rank * 2
+    assert float(first["dvclive/train/metrics.json:train.lr"]) > 0
+    assert int(first["step"]) == params_of(work)["train"]["max_steps"]
+    baseline = next(r for r in exp_rows(work) if r["typ"] == "baseline" and r["rev"] != "workspace")
+    assert np.isfinite(float(first["train.loss"])) and float(first["train.loss"]) != float(baseline["train.loss"])
+
+
+# ---- the user's shell: bytecode, the CLI, pytest in the same tree ------------------------------------
+
+USER_SHELL = {"PYTHONDONTWRITEBYTECODE": None}  # Python writes __pycache__/ as it does for every user
+
+
+def test_bytecode_cli_and_pytest_in_the_tree_leave_the_pipeline_up_to_date(base, work):
+    user = {**USER_SHELL, "PYTHONPATH": str(work)}  # the tree's own package runs, as with an editable install
+    first = run(["dvc", "repro"], work, env=user)
+    assert ran_stages(first) == []
+    run(["sa3mlx", "--help"], work, env=user)
+    run(
+        [sys.executable, "-c", "import sa3mlx.cli, sa3mlx.train.job, sa3mlx.sample.render, sa3mlx.parity.run"],
+        work,
+        env=user,
+    )
+    (work / "tests").mkdir()
+    (work / "tests" / "test_import.py").write_text("import sa3mlx.data.dataset\n\ndef test_import():\n    pass\n")
+    run([sys.executable, "-m", "pytest", "-q", "tests"], work, env=user)
+    assert list(work.glob("sa3mlx/**/__pycache__")) and (work / ".pytest_cache").is_dir()
+    assert UP_TO_DATE in run(["dvc", "status"], work, env=user)
+    second = run(["dvc", "repro"], work, env=user)
+    assert ran_stages(second) == [] and restored_stages(second) == []
+
+
+def test_a_run_under_another_name_edits_no_tracked_file(base, work):
+    set_param(work, "train.name", "other-run")
+    commit_all(work, "another run name")
+    run(["dvc", "repro", "train"], work, env=USER_SHELL)
+    run(["dvc", "plots", "show"], work, env=USER_SHELL)
+    assert (work / "dvc_plots").is_dir() and (work / "runs" / "other-run").is_dir()
+    changed = run(["git", "status", "--porcelain", "--untracked-files=all"], work).splitlines()
+    outputs_meant_for_git = ("dvc.lock", "dvclive/train/")  # the lock and the cache: false metrics
+    assert [line for line in changed if not any(o in line for o in outputs_meant_for_git)] == []

@@ -22,6 +22,7 @@ from test_train_progress import (
 
 from sa3mlx.lora.validate import validate
 from sa3mlx.train import progress as P
+from sa3mlx.train.contract import TrainingCallback
 from sa3mlx.train.guards import StallWatchdog
 from sa3mlx.train.loop import LoopSettings, TrainingLoop, preview_prompts
 from sa3mlx.train.metrics import TrainingMetrics, read_history
@@ -31,7 +32,7 @@ from sa3mlx.train.runs import RunPaths, list_checkpoints
 NAME = "fake-run-20240101120000"  # a dashboard run id: the label drops the timestamp
 
 
-def make_loop(tmp_path, session=None, out=None, metrics=None, session_id="aaaa0001", **settings):
+def make_loop(tmp_path, session=None, out=None, callbacks=(), session_id="aaaa0001", **settings):
     latents = tmp_path / "latents"
     if not latents.exists():
         write_latents(latents)
@@ -42,7 +43,7 @@ def make_loop(tmp_path, session=None, out=None, metrics=None, session_id="aaaa00
         make_loader(latents),
         run,
         LoopSettings(**{**defaults, **settings}),
-        metrics=metrics,
+        callbacks=callbacks,
         out=out or io.StringIO(),
     )
 
@@ -107,11 +108,15 @@ def test_console_output_parses_like_the_dashboard(tmp_path):
 
 
 def test_keep_last_prunes_checkpoints_and_their_states(tmp_path):
-    loop = make_loop(tmp_path, max_steps=20, checkpoint_every=3, keep_last=2)
     seen = []
-    loop.on_checkpoint = lambda path, step: seen.append((step, path.is_file(), resume_files(path)[1].is_file()))
+
+    class Saves(TrainingCallback):
+        def on_checkpoint(self, path, step, epoch):
+            seen.append((step, path.is_file(), resume_files(path)[1].is_file()))
+
+    loop = make_loop(tmp_path, max_steps=20, checkpoint_every=3, keep_last=2, callbacks=[Saves()])
     loop.run()
-    assert seen == [(s, True, True) for s in (3, 6, 9, 12, 15, 18, 20)]  # hooks (demos) run after the save
+    assert seen == [(s, True, True) for s in (3, 6, 9, 12, 15, 18, 20)]  # callbacks run after the save
     kept = list_checkpoints(loop.run_paths.root)
     assert [p.name for p in kept] == ["fake-run-step=18-epoch=5.safetensors", "fake-run-step=20-epoch=7.safetensors"]
     states = sorted(p.name for p in loop.run_paths.checkpoints.glob("resume-*"))
@@ -196,7 +201,7 @@ def test_stall_watchdog_warns_over_ten_times_the_median():
 
 def test_metrics_history_survives_a_resume(tmp_path):
     folder = tmp_path / "dvclive"
-    first = make_loop(tmp_path, metrics=TrainingMetrics(folder), max_steps=6, checkpoint_every=3)
+    first = make_loop(tmp_path, callbacks=[TrainingMetrics(folder)], max_steps=6, checkpoint_every=3)
     first.session.on_step = lambda s: s.calls == 5 and os.kill(os.getpid(), signal.SIGINT)
     first.run()  # saved at 3, logged 4 and 5, stopped (and saved) at 5
     assert [s for s, _ in read_history(folder, "train/loss")] == [1, 2, 3, 4, 5]
@@ -204,7 +209,9 @@ def test_metrics_history_survives_a_resume(tmp_path):
     checkpoint_3 = [p for p in list_checkpoints(first.run_paths.root) if "step=3-" in p.name][0]
     from sa3mlx.train.resume import load_resume
 
-    resumed = make_loop(tmp_path, metrics=TrainingMetrics(folder, resume_step=3), max_steps=6, session_id="cccc0003")
+    resumed = make_loop(
+        tmp_path, callbacks=[TrainingMetrics(folder, resume_step=3)], max_steps=6, session_id="cccc0003"
+    )
     resumed.restore(load_resume(resume_files(checkpoint_3)[1]), checkpoint_3)
     assert state.state.step == 5
     resumed.run()
@@ -212,3 +219,64 @@ def test_metrics_history_survives_a_resume(tmp_path):
     assert [s for s, _ in history] == list(range(1, 7))
     assert [s for s, _ in read_history(folder, "train/prompt_cache_hit_rate")] == list(range(1, 7))
     assert (folder / "metrics.json").is_file()
+
+
+def test_the_session_contract_and_one_callback_interface(tmp_path):
+    from dataclasses import FrozenInstanceError
+
+    from sa3mlx.train.contract import Session
+
+    assert isinstance(FakeSession(), Session)
+    events = []
+
+    class Record(TrainingCallback):
+        def on_run_start(self, step, fresh):
+            events.append(("start", step, fresh))
+
+        def on_step(self, report):
+            events.append(("step", report.step, report.checkpoint and report.checkpoint.name, report.stopping))
+
+        def on_checkpoint(self, path, step, epoch):
+            events.append(("saved", step, epoch))
+
+        def on_run_end(self, status, step, checkpoint):
+            events.append(("end", status, step, checkpoint.name))
+
+    session = FakeSession(on_step=lambda s: s.calls == 5 and os.kill(os.getpid(), signal.SIGINT))
+    loop = make_loop(tmp_path, session=session, max_steps=7, checkpoint_every=2, callbacks=[Record()])
+    assert loop.run().status == "interrupted"
+    name = "fake-run-step={}-epoch={}.safetensors"
+    assert events == [
+        ("start", 0, True),
+        ("step", 1, None, False),
+        ("step", 2, name.format(2, 0), False),
+        ("saved", 2, 0),
+        ("step", 3, None, False),
+        ("step", 4, name.format(4, 1), False),
+        ("saved", 4, 1),
+        ("step", 5, name.format(5, 1), True),
+        ("saved", 5, 1),
+        ("end", "interrupted", 5, name.format(5, 1)),
+    ]
+    events.clear()
+    resumed = make_loop(tmp_path, max_steps=7, checkpoint_every=2, callbacks=[Record()], session_id="eeee0005")
+    resumed.restore(find_resume(resumed.run_paths.root, "").state)
+    resumed.run()
+    assert events[0] == ("start", 5, False) and events[-3:] == [
+        ("step", 7, name.format(7, 3), False),
+        ("saved", 7, 3),
+        ("end", "done", 7, name.format(7, 3)),
+    ]
+    with pytest.raises(FrozenInstanceError):
+        resumed.settings.max_steps = 9
+
+
+def test_a_wall_clock_limit_ends_the_run_through_the_budget(tmp_path):
+    import time
+
+    session = FakeSession(on_step=lambda s: s.calls == 3 and time.sleep(0.7))
+    loop = make_loop(tmp_path, session=session, max_steps=50, checkpoint_every=100, max_minutes=0.01)
+    result = loop.run()
+    assert (result.status, result.step) == ("done", 3) and loop.settings.max_steps == 50
+    assert "max_minutes (0.01) reached at step 3" in loop.out.getvalue()
+    assert result.checkpoint.name == "fake-run-step=3-epoch=1.safetensors"

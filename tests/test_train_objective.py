@@ -143,10 +143,14 @@ def test_random_inpaint_mask_types():
 
 
 def test_objective_from_presets():
-    official = ObjectiveConfig.from_train_config(resolve("sa3-official"))
+    with pytest.raises(ValueError, match="mask_padding_attention is unresolved"):
+        ObjectiveConfig.from_train_config(resolve("sa3-official"))
+    official = ObjectiveConfig.from_train_config(resolve("sa3-official", {"mask_padding_attention": True}))
     assert official.dit_padding_mask and official.loss_on_signal_only and official.context_loss_weight == 1.0
     assert official.inpaint_mask_probabilities == (0.1, 0.8, 0.1)
-    loop = ObjectiveConfig.from_train_config(resolve("underfit-loop", {"lr": 1e-4}))
+    loop = ObjectiveConfig.from_train_config(resolve("underfit-loop", {"lr": 1e-4, "mask_padding_attention": False}))
     assert not loop.inpainting and not loop.dit_padding_mask and loop.cfg_dropout_prob == 0.1
-    dashboard = ObjectiveConfig.from_train_config(resolve("underfit-dashboard", {"padding_loss_weight": 0.3}))
+    dashboard = ObjectiveConfig.from_train_config(
+        resolve("underfit-dashboard", {"padding_loss_weight": 0.3, "mask_padding_attention": False})
+    )
     assert dashboard.inpaint_mask_probabilities == (0.2, 0.6, 0.2) and dashboard.padding_loss_weight == 0.3

@@ -27,13 +27,13 @@ def test_loop_preset_needs_an_lr_and_has_torch_defaults():
     cfg = P.resolve("underfit-loop", {"lr": 3e-4})
     assert cfg.timestep_sampler == "uniform" and cfg.betas == (0.9, 0.999) and cfg.weight_decay == 0.01
     assert cfg.lr_schedule == "none" and cfg.grad_clip is None and cfg.inpaint_mask_probabilities is None
-    assert cfg.batch_size == 1 and not cfg.mask_padding_attention
+    assert cfg.batch_size == 1 and cfg.mask_padding_attention is None
 
 
 def test_official_preset():
     cfg = P.resolve("sa3-official")
     assert cfg.adapter.exclude is None and cfg.adapter.exclude_patterns() is None
-    assert cfg.mask_padding_attention and cfg.mask_loss_weight == 1.0
+    assert cfg.mask_padding_attention is None and cfg.mask_loss_weight == 1.0
     assert cfg.inpaint_mask_probabilities == (0.1, 0.8, 0.1) and cfg.lr_schedule == "none"
     assert cfg.grad_clip is None and cfg.latent_crop_length == 4091 and cfg.use_effective_length_for_schedule
 
@@ -96,3 +96,22 @@ def test_crop_length_and_fingerprint():
     assert fp != P.resolve(None, {"lr": 2e-4}).fingerprint_dict()
     wsd = P.resolve(None, {"lr_schedule": "wsd", "lr_schedule_options": {}, "max_minutes": 30})
     assert wsd.fingerprint_dict()["max_minutes"] == 30
+
+
+@pytest.mark.parametrize("preset", sorted(P.PRESETS))
+def test_every_preset_takes_padding_attention_from_the_model(preset):
+    from conftest import ROOT
+
+    from sa3mlx.models.config import ModelConfig
+
+    model = ModelConfig.load(ROOT / "models" / "tiny-base" / "model_config.json")
+    assert model.mask_padding_attention  # the shipped SA3 configs and tiny-base say true
+    for says in (True, False):
+        given = replace(model, mask_padding_attention=says)
+        cfg = P.resolve(preset, {"lr": 1e-4}).for_model(given)
+        assert cfg.mask_padding_attention is says
+        overridden = P.resolve(preset, {"lr": 1e-4, "mask_padding_attention": not says}).for_model(given)
+        assert overridden.mask_padding_attention is (not says)
+    resolved = P.resolve(preset, {"lr": 1e-4}).for_model(model)
+    assert resolved.use_effective_length_for_schedule in (True, False)
+    assert resolved.for_model(model) == resolved

@@ -10,6 +10,7 @@ from conftest import FIXTURES, ROOT
 from sa3mlx.convert.model import convert_source
 from sa3mlx.parity.registry import THRESHOLDS_DB
 from sa3mlx.parity.run import check
+from sa3mlx.train.contract import Session
 from sa3mlx.train.presets import resolve
 from sa3mlx.train.session import TrainingSession
 
@@ -71,6 +72,7 @@ def test_session_loss_decreases_on_a_fixed_batch(tiny_model):
 
 def test_session_clips_and_reports(tiny_model):
     s = session(tiny_model)  # the dashboard preset: clip 1.0, InverseLR warm-up, random masks
+    assert isinstance(s, Session)  # what the loop needs
     outs = run_steps(s, range(3))
     for o in outs:
         assert o.finite and o.grad_norm <= 1.0 + 1e-4 and 0 < o.t_mean <= 1 and o.lora_magnitude > 0

@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from sa3mlx.models.config import DiTConfig
+from sa3mlx.runtime.layout import SECONDS_FEATURES
 
 DIT_PREFIX = "model.model."
 COND_PREFIX = "conditioner.conditioners."
-SECONDS_FEATURES = 256  # the seconds_total embedder's ExpoFourierFeatures width (fixed by SA3)
 # torch conditioner key -> MLX key
 COND_KEYS = {
     "conditioner.conditioners.prompt.padding_embedding": "cond.padding_embedding",

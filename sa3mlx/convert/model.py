@@ -27,9 +27,19 @@ from sa3mlx.convert.t5gemma import TOKENIZER_FILES, t5gemma_shapes, t5gemma_to_m
 from sa3mlx.convert.validate import validate_shapes
 from sa3mlx.models.config import AutoencoderConfig, DiTConfig, ModelConfig, T5GemmaConfig
 from sa3mlx.runtime.io import atomic_path, save_json, save_npz, sha256_file
+from sa3mlx.runtime.layout import (
+    CHECKPOINT_FILE,
+    DIT_FILE,
+    MANIFEST_FILE,
+    MODEL_CONFIG_FILE,
+    SAME_DECODER_FILE,
+    SAME_ENCODER_FILE,
+    T5GEMMA_DIR,
+    T5GEMMA_FILE,
+)
 from sa3mlx.runtime.precision import NUMPY_STORAGE
 
-CHECKPOINT_NAMES = ("model.safetensors", "model.ckpt", "model.pt")
+CHECKPOINT_NAMES = (CHECKPOINT_FILE, "model.ckpt", "model.pt")
 
 
 @dataclass(frozen=True)
@@ -38,6 +48,7 @@ class ConvertOptions:
     same_dtype: str = "float32"
     t5gemma_dtype: str = "float16"
     allow_pickle: bool = False
+    dit_only: bool = False  # a lone checkpoint file without model_config.json: write its DiT alone, said so
 
     @classmethod
     def from_params(cls, params: dict) -> ConvertOptions:
@@ -75,7 +86,7 @@ def convert_source(source: str | Path, out_dir: str | Path, options: ConvertOpti
     """Convert whatever `source` is; returns the manifest written to out_dir/manifest.json."""
     source, out_dir = Path(source), Path(out_dir)
     if source.is_dir():
-        config_file = source / "model_config.json"
+        config_file = source / MODEL_CONFIG_FILE
         if config_file.is_file():
             kind = json.loads(config_file.read_text()).get("model_type")
             if kind == "autoencoder":
@@ -89,17 +100,17 @@ def convert_source(source: str | Path, out_dir: str | Path, options: ConvertOpti
     return convert_checkpoint_file(source, out_dir, options)
 
 
-def convert_sa3_folder(folder: Path, out_dir: Path, options: ConvertOptions) -> dict:
-    config = ModelConfig.load(folder / "model_config.json")
-    checkpoint = find_checkpoint(folder)
+def convert_sa3_folder(folder: Path, out_dir: Path, options: ConvertOptions, checkpoint: Path | None = None) -> dict:
+    config = ModelConfig.load(folder / MODEL_CONFIG_FILE)
+    checkpoint = checkpoint or find_checkpoint(folder)
     state = read_checkpoint(checkpoint, options.allow_pickle)
     files = {}
     if _is_mlx_dit(state):
-        files["dit.npz"] = _mlx_dit(state, config.dit, config.conditioner.cond_dim, checkpoint, options)
+        files[DIT_FILE] = _mlx_dit(state, config.dit, config.conditioner.cond_dim, checkpoint, options)
     else:
         dit, cond, same = dit_keys.split_sa3_state(state)
         _check_unclaimed(state, checkpoint)
-        files["dit.npz"] = _torch_dit(dit, cond, config.dit, config.conditioner.cond_dim, checkpoint, options)
+        files[DIT_FILE] = _torch_dit(dit, cond, config.dit, config.conditioner.cond_dim, checkpoint, options)
         files.update(_same_files(same, config.autoencoder, checkpoint, options))
     text_folder = (folder / config.conditioner.prompt.encoder_path).resolve()
     if text_folder.is_dir():
@@ -109,7 +120,7 @@ def convert_sa3_folder(folder: Path, out_dir: Path, options: ConvertOptions) -> 
 
 
 def convert_same_folder(folder: Path, out_dir: Path, options: ConvertOptions) -> dict:
-    config = AutoencoderConfig.from_standalone(json.loads((folder / "model_config.json").read_text()))
+    config = AutoencoderConfig.from_standalone(json.loads((folder / MODEL_CONFIG_FILE).read_text()))
     checkpoint = find_checkpoint(folder)
     state = read_checkpoint(checkpoint, options.allow_pickle)
     if any(k.startswith("pretransform.model.") for k in state):
@@ -125,26 +136,44 @@ def convert_t5gemma_folder(folder: Path, out_dir: Path, options: ConvertOptions)
 
 
 def convert_checkpoint_file(path: Path, out_dir: Path, options: ConvertOptions) -> dict:
-    """One SA3 checkpoint file: model_config.json next to it if present, else sizes from the weights."""
-    sibling = path.parent / "model_config.json"
+    """One SA3 checkpoint file: a complete folder when its model_config.json lies beside it; without one,
+    refused (the objective, codec and text-encoder settings are not in the weights) unless `dit_only`."""
+    sibling = path.parent / MODEL_CONFIG_FILE
     if path.suffix not in (".safetensors", ".npz") + PICKLE_SUFFIXES:
         raise CheckpointError(f"{path}: unknown checkpoint format")
-    if sibling.is_file() and path.name in CHECKPOINT_NAMES:
-        return convert_sa3_folder(path.parent, out_dir, options)
+    if sibling.is_file() and json.loads(sibling.read_text()).get("model_type") != "autoencoder":
+        return convert_sa3_folder(path.parent, out_dir, options, checkpoint=path)
     state = read_checkpoint(path, options.allow_pickle)
+    if not options.dit_only:
+        raise CheckpointError(_lone_file_refusal(path, state))
     if _is_mlx_dit(state):
         torch_like = {dit_keys.dit_key_to_torch(k): v for k, v in state.items() if not k.startswith("cond.")}
         dit_cfg = dit_config_from_weights(torch_like, path)
         cond_dim = state["cond.padding_embedding"].shape[0]
-        files = {"dit.npz": _mlx_dit(state, dit_cfg, cond_dim, path, options)}
+        files = {DIT_FILE: _mlx_dit(state, dit_cfg, cond_dim, path, options)}
     else:
         dit, cond, _ = dit_keys.split_sa3_state(state)
         if not dit:
             raise CheckpointError(f"{path}: no `model.model.*` DiT tensors; is this an SA3 checkpoint?")
         dit_cfg = dit_config_from_weights(dit, path)
         cond_dim = dit_cfg.cond_token_dim
-        files = {"dit.npz": _torch_dit(dit, cond, dit_cfg, cond_dim, path, options)}
-    return _finish(out_dir, files, path, variant="unknown (no model_config.json)")
+        files = {DIT_FILE: _torch_dit(dit, cond, dit_cfg, cond_dim, path, options)}
+    inferred = {**dit_cfg.__dict__, "cond_dim": cond_dim}
+    return _finish(out_dir, files, path, variant="dit only (no model_config.json)", inferred_dit=inferred)
+
+
+def _lone_file_refusal(path: Path, state: dict) -> str:
+    """What a lone checkpoint holds, what a loadable converted folder still needs, and the ways on."""
+    same = sum(k.startswith("pretransform.") for k in state)
+    held = f"{len(state) - same} DiT/conditioner tensors" + (
+        f" and {same} SAME codec (pretransform.*) tensors" if same else ""
+    )
+    return (
+        f"{path}: holds {held}, but no model_config.json lies beside it: the diffusion objective, the codec and "
+        "text-encoder settings are not in the weights, so no loadable folder can be made from it. Put the "
+        "model_config.json of its Hugging Face repo (and its t5gemma-b-b-ul2/ folder) beside it, or convert the "
+        "whole repo folder; --dit-only writes its DiT alone (dit.npz + manifest, no codec, no text encoder)"
+    )
 
 
 def dit_config_from_weights(dit: dict[str, np.ndarray], source: Path) -> DiTConfig:
@@ -207,8 +236,8 @@ def _same_files(same: dict, cfg: AutoencoderConfig, source: Path, options) -> di
     validate_shapes(same, torch_same_shapes(cfg), source, "SAME codec")
     encoder, decoder = same_to_mlx(same)
     return {
-        "same_encoder.npz": cast_floats(encoder, options.same_dtype),
-        "same_decoder.npz": cast_floats(decoder, options.same_dtype),
+        SAME_ENCODER_FILE: cast_floats(encoder, options.same_dtype),
+        SAME_DECODER_FILE: cast_floats(decoder, options.same_dtype),
     }
 
 
@@ -217,19 +246,19 @@ def _t5gemma_files(folder: Path, out_dir: Path, options) -> dict:
     weights = find_checkpoint(folder)
     encoder = t5gemma_to_mlx(read_checkpoint(weights, options.allow_pickle))
     validate_shapes(encoder, t5gemma_shapes(config), weights, "T5Gemma encoder")
-    text_dir = out_dir / "t5gemma"
+    text_dir = out_dir / T5GEMMA_DIR
     text_dir.mkdir(parents=True, exist_ok=True)
     for name in ("config.json",) + TOKENIZER_FILES:
         if (folder / name).is_file():
             with atomic_path(text_dir / name) as tmp:
                 shutil.copyfile(folder / name, tmp)
-    return {"t5gemma.npz": cast_floats(encoder, options.t5gemma_dtype)}
+    return {T5GEMMA_FILE: cast_floats(encoder, options.t5gemma_dtype)}
 
 
 def _copy_config(folder: Path, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out_dir / "model_config.json") as tmp:
-        shutil.copyfile(folder / "model_config.json", tmp)
+    with atomic_path(out_dir / MODEL_CONFIG_FILE) as tmp:
+        shutil.copyfile(folder / MODEL_CONFIG_FILE, tmp)
 
 
 def _finish(out_dir: Path, files: dict[str, dict], source: Path, **info) -> dict:
@@ -239,5 +268,5 @@ def _finish(out_dir: Path, files: dict[str, dict], source: Path, **info) -> dict
         save_npz(out_dir / name, arrays)
         dtypes = sorted({str(a.dtype) for a in arrays.values()})
         manifest["files"][name] = {"keys": len(arrays), "dtypes": dtypes, "sha256": sha256_file(out_dir / name)}
-    save_json(out_dir / "manifest.json", manifest)
+    save_json(out_dir / MANIFEST_FILE, manifest)
     return manifest

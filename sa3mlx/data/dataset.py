@@ -117,10 +117,16 @@ def _fit_mask(mask: np.ndarray, length: int) -> np.ndarray:
 
 class PreEncodedDataset:
     def __init__(
-        self, root: str | Path, crop_length: int | None, random_crop: bool = True, prompts: PromptTemplate | None = None
+        self,
+        root: str | Path,
+        crop_length: int | None,
+        random_crop: bool = True,
+        prompts: PromptTemplate | None = None,
+        files: list[LatentFile] | None = None,
     ):
+        """`files`: these pairs of `root` only (e.g. a train / validation split); None: every pair."""
         self.root = Path(root)
-        self.files = find_latents(self.root)
+        self.files = find_latents(self.root) if files is None else list(files)
         self.silence = load_silence(self.root)
         self.crop_length = crop_length
         self.random_crop = random_crop

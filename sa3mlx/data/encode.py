@@ -23,11 +23,11 @@ import mlx.core as mx
 import numpy as np
 import soundfile as sf
 
-from sa3mlx.data.encode_cache import LatentCache, copy_atomic, entry_key, remove_temporaries
+from sa3mlx.data.encode_cache import LatentCache, entry_key, remove_temporaries
 from sa3mlx.models.config import AutoencoderConfig
 from sa3mlx.models.same import SameEncoder, autoencoder_config, load_same_encoder
 from sa3mlx.models.same_chunked import encode_long, latent_mask
-from sa3mlx.runtime.io import atomic_path, remove_stale, save_json, sha256_file
+from sa3mlx.runtime.io import atomic_path, copy_atomic, remove_stale, save_json, sha256_file
 from sa3mlx.runtime.params import dataclass_from_params
 
 AUDIO_EXTENSIONS = (".wav", ".flac")  # what `normalize` writes

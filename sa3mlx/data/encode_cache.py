@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,11 +80,6 @@ class LatentCache:
     def remove_leftovers(self) -> int:
         """Delete temporary files a killed run left behind; returns how many."""
         return remove_temporaries(self.root)
-
-
-def copy_atomic(src: str | os.PathLike, dst: str | os.PathLike) -> None:
-    with atomic_path(dst) as tmp:
-        shutil.copyfile(src, tmp)
 
 
 def remove_temporaries(root: str | os.PathLike) -> int:

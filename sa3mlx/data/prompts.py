@@ -170,6 +170,22 @@ def build_prompt(metadata: dict, template: PromptTemplate | None, rng: random.Ra
     return prompt
 
 
+def has_prompt_source(metadata: dict, template: PromptTemplate | None) -> bool:
+    """Can any draw give this clip a non-empty prompt (a tag, its path, fixed text, a trigger)?"""
+    text = bool(str(metadata.get("text", "")).strip())
+    if template is None:
+        return text or any(_value(metadata, key) for key in TAG_LABELS)
+    if template.trigger and template.trigger_probability > 0:
+        return True
+    sources = {
+        "tags": lambda: any(_value(metadata, key) for key in template.tag_keys),
+        "paths": lambda: bool(_value(metadata, "relpath")),
+        "fixed": lambda: bool(template.fixed_text.strip()),
+    }
+    enabled = [name for name, _ in template.weights()]
+    return any(sources[name]() for name in enabled) if enabled else text
+
+
 def preview(metadatas: list[dict], template: PromptTemplate | None, n: int = 10, seed: int = 0) -> list[str]:
     """n sample prompts cycling through the clips, from their own Random (training draws untouched)."""
     if not metadatas:

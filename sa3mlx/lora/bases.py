@@ -25,8 +25,8 @@ from sa3mlx.lora.svd import svd_bases
 from sa3mlx.lora.targeting import adaptable_layers, npz_weight_key
 from sa3mlx.models.config import DiTConfig, ModelConfig
 from sa3mlx.runtime.io import atomic_path, sha256_file
+from sa3mlx.runtime.layout import DIT_FILE, MODEL_CONFIG_FILE, SVD_FILE
 
-SVD_FILE = "svd_bases.safetensors"
 METADATA_KEY = "svd_config"
 SIGN_RULE = "largest-|U| entry of every column positive"
 PRECISIONS = ("stored", "float32", "float16", "bfloat16")
@@ -67,8 +67,8 @@ def compute_svd_file(
 ) -> Path:
     """The `svd` stage: bases of `<converted_dir>/dit.npz` into `<out_dir>/svd_bases.safetensors`."""
     converted_dir = Path(converted_dir)
-    source = converted_dir / "dit.npz"
-    config = ModelConfig.load(converted_dir / "model_config.json")
+    source = converted_dir / DIT_FILE
+    config = ModelConfig.load(converted_dir / MODEL_CONFIG_FILE)
     origin = {"source": source.name, "source_sha256": sha256_file(source)}
     return write_svd_file(
         out_dir, read_npz(source), config.dit, config.conditioner.cond_dim, max_rank, precision, origin

@@ -30,7 +30,8 @@ from sa3mlx.lora.peft import is_peft, read_peft
 from sa3mlx.lora.svd import svd_bases
 from sa3mlx.lora.targeting import npz_weight_key
 from sa3mlx.lora.types import adapter_kind
-from sa3mlx.runtime.io import save_npz
+from sa3mlx.runtime.io import atomic_path, save_npz
+from sa3mlx.runtime.layout import MODEL_CONFIG_FILE
 
 TORCH_SEMANTICS = "torch"
 MLX_MERGE_RULE = "mlx"
@@ -108,6 +109,7 @@ def merge_arrays(
     recomputed = []
     for item in inputs:
         xs = adapter_kind(item.adapter.lora_config.adapter_type).xs
+        merged_keys = set()
         for name in item.adapter.layers:
             key = npz_weight_key(name)
             if key not in base:
@@ -123,6 +125,8 @@ def merge_arrays(
                     recomputed.append(name)
             delta = layer_delta(w0_2d, item.adapter, name, item.strength, rule, bases)
             deltas[key] = deltas.get(key, 0) + delta
+            merged_keys.add(key)
+        say(check_merged_count(item.adapter, len(merged_keys)))
     if recomputed:
         say(
             f"-xs: recomputed the SVD bases of {len(recomputed)} layers from the base passed in (no svd file"
@@ -136,6 +140,16 @@ def merge_arrays(
     return merged
 
 
+def check_merged_count(adapter: LoRAFile, merged: int) -> str:
+    """The report line of one adapter's merge; an error unless every adapted layer of the file was
+    merged into a weight of its own (a merge of 0 of 169 layers must never pass in silence)."""
+    adapted = len(adapter.layers)
+    line = f"{adapter.path}: merged {merged} of {adapted} adapted layers"
+    if adapted == 0 or merged != adapted:
+        raise LoRAShapeError(f"{line}: every adapted layer of the file must be merged (trained for a different base?)")
+    return line
+
+
 def merge_files(
     base_path: str | Path,
     loras: list[str],
@@ -144,11 +158,18 @@ def merge_files(
     svd_dir: str | Path | None = None,
     say: Callable[[str], None] = print,
 ) -> Path:
-    """`sa3mlx lora merge`: read, merge, write the npz atomically (model_config.json copied beside
-    it when the output folder has none, so `load_dit(out)` works as it does on the base)."""
+    """`sa3mlx lora merge`: read, merge, write the npz atomically, and the base's model_config.json
+    beside it (said so), so `load_dit(out)` works as it does on the base. A different config already
+    there is never replaced: the merge is refused before anything is written."""
     base_path, out_path = Path(base_path), Path(out_path)
     if out_path.suffix != ".npz":
         raise CheckpointError(f"{out_path}: the merged DiT is written as .npz")
+    config, beside = base_path.parent / MODEL_CONFIG_FILE, out_path.parent / MODEL_CONFIG_FILE
+    if config.is_file() and beside.is_file() and beside.read_bytes() != config.read_bytes():
+        raise CheckpointError(
+            f"{beside} exists and is not the base's {MODEL_CONFIG_FILE} ({config}); the merged DiT needs the "
+            "base's config beside it: write it into another folder (--out)"
+        )
     base = read_npz(base_path)
     inputs = []
     for text in loras:
@@ -162,9 +183,10 @@ def merge_files(
     svd = read_bases(svd_dir) if svd_dir is not None else None
     merged = merge_arrays(base, inputs, rule, svd, say)
     save_npz(out_path, merged)
-    config = base_path.parent / "model_config.json"
-    if config.is_file() and not (out_path.parent / "model_config.json").exists():
-        shutil.copyfile(config, out_path.parent / "model_config.json")
+    if config.is_file() and not beside.is_file():
+        with atomic_path(beside) as tmp:
+            shutil.copyfile(config, tmp)
+        say(f"{beside}: the base's {MODEL_CONFIG_FILE}, written beside the merged DiT so it loads like the base")
     rule_name = "torch (live parametrisation)" if rule == TORCH_SEMANTICS else "MLX merge rule"
     say(f"{out_path}: {len(inputs)} adapter(s) merged into {base_path.name} with {rule_name} strength semantics")
     return out_path

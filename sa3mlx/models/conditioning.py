@@ -21,9 +21,9 @@ import mlx.nn as nn
 from sa3mlx.models.config import ConditionerConfig, DiTConfig, ModelConfig
 from sa3mlx.models.dit import DiT
 from sa3mlx.models.fourier import expo_fourier_features, expo_frequencies
+from sa3mlx.runtime.layout import MODEL_CONFIG_FILE, SECONDS_FEATURES
 from sa3mlx.runtime.precision import compute_dtype
 
-SECONDS_FEATURES = 256  # ExpoFourierFeatures width of the seconds embedder (fixed by SA3)
 COND_PREFIX = "cond."  # conditioner keys in dit.npz
 FROZEN_FP32_SUFFIX = "inv_freq"  # RoPE buffers stay fp32 whatever the compute dtype
 
@@ -155,7 +155,7 @@ def load_dit(
     """
     path = Path(path)
     if config is None:
-        config_file = path.parent / "model_config.json"
+        config_file = path.parent / MODEL_CONFIG_FILE
         if not config_file.is_file():
             raise FileNotFoundError(
                 f"{path}: no model_config.json beside it; pass a config "

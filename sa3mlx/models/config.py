@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from sa3mlx.runtime.layout import MODEL_CONFIG_FILE
+
 # Real SA3 DiT sizes (embed_dim, depth) -> family name.
 DIT_FAMILIES = {(1024, 20): "small", (1536, 24): "medium"}
 OBJECTIVES = ("rectified_flow", "rf_denoiser")
@@ -267,7 +269,7 @@ class ModelConfig:
         return family + ("-base" if self.objective == "rectified_flow" else "")
 
     @classmethod
-    def from_dict(cls, d: dict, where: str = "model_config.json") -> ModelConfig:
+    def from_dict(cls, d: dict, where: str = MODEL_CONFIG_FILE) -> ModelConfig:
         if d.get("model_type") not in ("diffusion_cond", "diffusion_cond_inpaint"):
             raise ConfigError(f"{where}: model_type '{d.get('model_type')}' is not an SA3 diffusion model")
         model = _need(d, "model", where)

@@ -18,7 +18,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from sa3mlx.models.config import DiTConfig
 from sa3mlx.models.dit_layers import RotaryEmbedding, TransformerBlock
 from sa3mlx.models.fourier import expo_fourier_features, expo_frequencies
-from sa3mlx.runtime.precision import announce_compile
+from sa3mlx.runtime.precision import compile_notice
 
 
 def _mlp(in_dim: int, dim: int, bias: bool) -> list:
@@ -166,13 +166,16 @@ def compiled_forward(dit: DiT) -> Callable:
     The weights are compile inputs (`dit.state`), so weight updates are seen without recompiling.
     """
     compiled = mx.compile(lambda *arrays: dit(*arrays), inputs=dit.state)
-    first_call = True
+    seen = set()
 
     def call(*arrays):
-        nonlocal first_call
-        if first_call:
-            announce_compile("the DiT forward")
-            first_call = False
-        return compiled(*arrays)
+        shapes = tuple(None if a is None else (a.shape, a.dtype) for a in arrays)
+        if shapes in seen:
+            return compiled(*arrays)
+        seen.add(shapes)
+        with compile_notice("the DiT forward", *(a for a in arrays if a is not None)):
+            out = compiled(*arrays)
+            mx.eval(out)  # the compile happens here, inside the notice
+        return out
 
     return call

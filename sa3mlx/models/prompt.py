@@ -21,8 +21,8 @@ from sa3mlx.models.prompt_cache import CachedPrompt, PromptCache, PromptKey
 from sa3mlx.models.t5gemma import T5GemmaEncoder, load_t5gemma
 from sa3mlx.models.tokenizer import PromptTokenizer
 from sa3mlx.runtime.io import sha256_file
+from sa3mlx.runtime.layout import MANIFEST_FILE, MODEL_CONFIG_FILE, T5GEMMA_FILE
 
-WEIGHTS_FILE = "t5gemma.npz"
 TEXT_FOLDER = "t5gemma"
 # Misses are encoded one prompt per call: batched GEMMs round differently with the batch
 # composition, and a prompt's embedding must not depend on its neighbours (bit-exact resume).
@@ -48,10 +48,10 @@ class PromptEncoder:
         text_dir = folder / TEXT_FOLDER
         config = T5GemmaConfig.load(text_dir)
         if max_length is None:
-            max_length = ModelConfig.load(folder / "model_config.json").conditioner.prompt.max_length
-        encoder = load_t5gemma(folder / WEIGHTS_FILE, config)
+            max_length = ModelConfig.load(folder / MODEL_CONFIG_FILE).conditioner.prompt.max_length
+        encoder = load_t5gemma(folder / T5GEMMA_FILE, config)
         tokenizer = PromptTokenizer.from_folder(text_dir, max_length, config.pad_token_id)
-        return cls(encoder, tokenizer, weights_id(folder / WEIGHTS_FILE), cache)
+        return cls(encoder, tokenizer, weights_id(folder / T5GEMMA_FILE), cache)
 
     def encode_tokens(self, input_ids, attention_mask) -> mx.array:
         """Token ids [B,L] + mask [B,L] -> raw last hidden state [B,L,H] fp32 (no cache)."""
@@ -89,7 +89,7 @@ class PromptEncoder:
 def weights_id(npz_path: str | Path) -> str:
     """Content id of the encoder weights: the manifest's sha256 when convert wrote one, else hashed."""
     path = Path(npz_path)
-    manifest = path.parent / "manifest.json"
+    manifest = path.parent / MANIFEST_FILE
     if manifest.is_file():
         entry = json.loads(manifest.read_text()).get("files", {}).get(path.name, {})
         if entry.get("sha256"):

@@ -25,6 +25,7 @@ from mlx.utils import tree_flatten
 from sa3mlx.models.config import AutoencoderConfig, ModelConfig, SameConfig
 from sa3mlx.models.patching import patchify, unpatchify
 from sa3mlx.models.same_layers import SameBlock
+from sa3mlx.runtime.layout import MODEL_CONFIG_FILE
 
 NOISE_REGULARIZE_EVAL = 1e-3  # official SoftNorm decode noise scale in eval mode
 
@@ -220,7 +221,7 @@ class SameDecoder(nn.Module):
 
 def autoencoder_config(folder: str | Path) -> AutoencoderConfig:
     """The codec config from a folder's model_config.json (an SA3 model or a standalone SAME repo)."""
-    path = Path(folder) / "model_config.json"
+    path = Path(folder) / MODEL_CONFIG_FILE
     data = json.loads(path.read_text())
     if data.get("model_type") == "autoencoder":
         return AutoencoderConfig.from_standalone(data)

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sa3mlx.runtime.io import plain
+
 
 @dataclass(frozen=True)
 class Comparison:
@@ -32,7 +34,7 @@ def psnr_db(reference: np.ndarray, result: np.ndarray) -> float:
 
 def compare(key: str, reference, result) -> Comparison:
     if not isinstance(reference, np.ndarray):
-        same = _plain(reference) == _plain(result)
+        same = plain(reference) == plain(result)
         return Comparison(key, 0.0 if same else math.nan, math.inf if same else -math.inf, True)
     result = np.asarray(result)
     if reference.shape != result.shape:
@@ -46,14 +48,3 @@ def compare(key: str, reference, result) -> Comparison:
     return Comparison(
         key, float(delta.max()) if delta.size else 0.0, psnr_db(reference, result) if finite else -math.inf, False
     )
-
-
-def _plain(value):
-    """JSON-comparable form (numpy scalars/arrays -> Python)."""
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value.item() if isinstance(value, np.generic) else value

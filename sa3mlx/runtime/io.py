@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -67,3 +68,21 @@ def remove_stale(out: Path, keep: set[str]) -> None:
             path = Path(folder, name)
             if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
                 path.rmdir()
+
+
+def copy_atomic(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+    """Copy a file to `dst` through a temporary name (the same bytes, never a partial file)."""
+    with atomic_path(dst) as tmp:
+        shutil.copyfile(src, tmp)
+    return Path(dst)
+
+
+def plain(value):
+    """A JSON-comparable copy: tuples as lists, numpy arrays and scalars as Python values."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value.item() if isinstance(value, np.generic) else value

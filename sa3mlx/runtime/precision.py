@@ -11,12 +11,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_flatten
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 NUMPY_STORAGE = {"float32": np.float32, "float16": np.float16}
@@ -59,8 +62,26 @@ def cpu_compile_cache() -> Path:
     return Path(tempfile.gettempdir()) / "mlx" / mx.__version__ / "cpu"
 
 
-def announce_compile(what: str) -> None:
-    """One line before a first (cold-cache) CPU compile, which takes 15-40 s per function."""
-    cache = cpu_compile_cache()
-    if on_cpu() and not (cache.exists() and any(cache.iterdir())):
-        print(f"sa3mlx: compiling {what} for the CPU (first run only, ~15-40 s; cached in {cache})", file=sys.stderr)
+def _compile_marker(what: str, arrays) -> Path:
+    """A file in the kernel cache that says this function was compiled for these shapes and dtypes."""
+    leaves = [v for _, v in tree_flatten(list(arrays)) if isinstance(v, mx.array)]
+    signature = repr([what, mx.__version__, [(tuple(a.shape), str(a.dtype)) for a in leaves]])
+    return cpu_compile_cache() / "sa3mlx-compiled" / hashlib.sha1(signature.encode()).hexdigest()
+
+
+@contextmanager
+def compile_notice(what: str, *arrays):
+    """Around the first call of a compiled function: one line before a CPU compile that this machine's
+    kernel cache has not seen for these shapes (15-40 s per function on a cold cache)."""
+    marker = _compile_marker(what, arrays) if on_cpu() else None
+    cold = marker is not None and not marker.exists()
+    if cold:
+        print(
+            f"sa3mlx: compiling {what} for the CPU (first run only, ~15-40 s; cached in {cpu_compile_cache()})",
+            file=sys.stderr,
+            flush=True,
+        )
+    yield
+    if cold:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()

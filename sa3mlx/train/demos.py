@@ -2,8 +2,8 @@
 step 0 of a fresh run and every `every` steps, into the run's `demos/` folder.
 
     settings = DemoSettings.from_params(params["train"]["demos"])    # every: 0 = off
-    hook = TrainDemos(settings, session, run.demos, base_dir, arc_dir, label=run.label, fresh=True)
-    TrainingLoop(..., on_step=hook)
+    demos = TrainDemos(settings, session, run.demos, base_dir, arc_dir, label=run.label, say=console.say)
+    TrainingLoop(..., callbacks=[demos])
 
 Base demos render with the session's own adapted model (live, at each entry's strength); ARC
 demos merge the adapter of that step (the checkpoint just saved, else a temporary copy) into the
@@ -26,6 +26,8 @@ from sa3mlx.models.prompt import PromptEncoder
 from sa3mlx.sample.demo_entries import DemoEntry, parse_entries
 from sa3mlx.sample.demo_models import DemoModels, LiveModel
 from sa3mlx.sample.render import RenderOptions, render_demos
+from sa3mlx.train.contract import StepReport, TrainingCallback
+from sa3mlx.train.progress import emit
 
 KEYS = ("every", "entries", "defaults", "baselines", "tail_seconds", "wav", "decode_chunk", "decode_overlap")
 
@@ -60,8 +62,8 @@ class DemoSettings:
         return any(entry.arc for entry in self.entries)
 
 
-class TrainDemos:
-    """The loop's `on_step(step, checkpoint)` hook."""
+class TrainDemos(TrainingCallback):
+    """The loop's demo callback: at the start of a fresh run and every `every` steps."""
 
     def __init__(
         self,
@@ -73,8 +75,7 @@ class TrainDemos:
         *,
         svd_dir: str | Path | None = None,
         label: str = "adapter",
-        fresh: bool = True,
-        say: Callable[[str], None] = print,
+        say: Callable[[str], None] = emit,
     ):
         if settings.needs_arc and (arc_dir is None or not Path(arc_dir).is_dir()):
             raise ValueError(
@@ -82,20 +83,24 @@ class TrainDemos:
                 "(model.arc, converted by the convert stage)"
             )
         self.settings, self.session, self.out_dir = settings, session, Path(out_dir)
-        self.label, self.fresh, self.say = label, fresh, say
+        self.label, self.say = label, say
         live = LiveModel(session.dit, session.cond, session.adapters, uncached(session.prompts))
         self.models = DemoModels(base_dir, arc_dir if settings.needs_arc else None, svd_dir=svd_dir, live=live, say=say)
-        self._started = False
-        self.rendered: list[int] = []  # steps rendered by this hook (for tests and logs)
+        self.rendered: list[int] = []  # steps rendered by this callback (for tests and logs)
 
-    def due(self, step: int, starting: bool) -> bool:
+    def due(self, step: int, starting_fresh: bool = False) -> bool:
         """Every `every` steps; also the first step of a fresh run (0, or a bare adapter's offset)."""
-        return self.settings.on and (step % self.settings.every == 0 or (starting and self.fresh))
+        return self.settings.on and (step % self.settings.every == 0 or starting_fresh)
 
-    def __call__(self, step: int, checkpoint: Path | None) -> None:
-        starting, self._started = not self._started, True
-        if not self.due(step, starting):
-            return
+    def on_run_start(self, step: int, fresh: bool) -> None:
+        if self.due(step, fresh):
+            self.render_step(step, None)
+
+    def on_step(self, report: StepReport) -> None:
+        if not report.stopping and self.due(report.step):
+            self.render_step(report.step, report.checkpoint)
+
+    def render_step(self, step: int, checkpoint: Path | None) -> None:
         try:
             with tempfile.TemporaryDirectory(prefix="sa3mlx-demo-adapter-") as tmp:
                 adapter = checkpoint or save_lora(

@@ -1,4 +1,8 @@
-"""Guards of the training loop: non-finite losses and stalled steps.
+"""Guards of training: empty prompts at the start, non-finite losses and stalled steps.
+
+At the start, the count of training items no prompt source can give a prompt (no tags, no
+path / fixed text / trigger when the template uses them): more than half of them trains a
+mostly unconditional adapter, a warning, or with `train.strict` an error.
 
 A non-finite loss (or gradient) skips the update (the session does that); the guard counts
 them, says so, and after `limit` in a row stops the run. Since skipped steps leave the adapter
@@ -12,8 +16,33 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
+from sa3mlx.data.prompts import has_prompt_source
+
+EMPTY_PROMPT_LIMIT = 0.5  # above this share of items without a prompt: warn, or fail when strict
 MIN_HISTORY = 5  # steps before the watchdog judges (the first ones compile)
 MIN_STALL_SECONDS = 1.0  # shorter steps are never a stall (timer noise on tiny models)
+
+
+def empty_prompt_lines(dataset, strict: bool) -> list[str]:
+    """The start-of-run prompt census of a PreEncodedDataset; raises when strict and over the limit."""
+    empty = []
+    for index, entry in enumerate(dataset.files):
+        info = dataset.sidecar(index)
+        info.setdefault("relpath", entry.relpath)
+        if not has_prompt_source(info, dataset.prompts):
+            empty.append(entry.relpath)
+    total = len(dataset.files)
+    lines = [f"train: prompts: {len(empty)} of {total} training items have an empty prompt (no tags or other source)"]
+    if len(empty) <= EMPTY_PROMPT_LIMIT * total:
+        return lines
+    problem = (
+        f"more than half of the training items ({len(empty)} of {total}, e.g. {empty[:3]}) have no prompt: "
+        "the adapter would train mostly unconditionally. Tag the files (normalize writes <name>.json) or set "
+        "train.prompts (paths / fixed text / a trigger word)"
+    )
+    if strict:
+        raise ValueError(f"train.strict: {problem}")
+    return lines + [f"train: WARNING: {problem} (train.strict: true makes this an error)"]
 
 
 class NonFiniteGuard:

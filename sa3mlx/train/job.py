@@ -18,26 +18,54 @@ from __future__ import annotations
 import re
 import sys
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import IO
 
 import yaml
 
-from sa3mlx.data.dataset import BatchLoader, EpochSampler, PreEncodedDataset
+from sa3mlx.data.dataset import BatchLoader, EpochSampler, PreEncodedDataset, find_latents
 from sa3mlx.lora.types import adapter_kind
 from sa3mlx.models.config import ModelConfig
+from sa3mlx.runtime.io import copy_atomic
+from sa3mlx.runtime.layout import (
+    DVCLIVE_TRAIN_DIR,
+    LATENTS_DIR,
+    LORA_DIR,
+    MODEL_CONFIG_FILE,
+    RUNS_DIR,
+    converted_dir,
+    source_model_dir,
+)
+from sa3mlx.runtime.layout import (
+    svd_dir as svd_folder,
+)
 from sa3mlx.runtime.precision import configure_device
 from sa3mlx.train import progress as P
+from sa3mlx.train.best import BestCheckpoint, BestSettings
 from sa3mlx.train.demos import DemoSettings, TrainDemos
+from sa3mlx.train.guards import empty_prompt_lines
 from sa3mlx.train.loop import LoopSettings, TrainingLoop
 from sa3mlx.train.memory import plan_memory
 from sa3mlx.train.metrics import TrainingMetrics
-from sa3mlx.train.presets import TrainConfig, resolve
+from sa3mlx.train.presets import DEFAULT_PRESET, TrainConfig, resolve
 from sa3mlx.train.resume import fingerprint, fingerprint_inputs, load_resume, prepare_run, resume_files
-from sa3mlx.train.runs import RunPaths, copy_atomic
+from sa3mlx.train.runs import RunPaths
+from sa3mlx.train.validation import ValidationSettings, Validator
 
-STAGE_KEYS = ("preset", "name", "smoke", "init_from", "step_offset", "epoch_offset", "demos")  # not TrainConfig fields
+# not TrainConfig fields
+STAGE_KEYS = (
+    "preset",
+    "name",
+    "smoke",
+    "init_from",
+    "step_offset",
+    "epoch_offset",
+    "demos",
+    "validation",
+    "best",
+    "strict",
+)
 # deps that only the in-training demos read: declared (DVC reruns the stage) but not fingerprinted (it resumes)
 DEMO_DEPS = (
     "models/converted/${model.arc}",
@@ -54,9 +82,10 @@ DEMO_DEPS = (
     "sa3mlx/sample/samplers.py",
     "sa3mlx/sample/schedule.py",
 )
+BEST_SUFFIX = "-best"  # models/lora/<name>-best.safetensors
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 SMOKE_STEPS = (3, 3)  # steps before the save, steps after the resume
-MEMORY_EXIT = 3  # the step would not fit in memory (stopped before the first step)
+MEMORY_EXIT = 4  # the step would not fit in memory (stopped before the first step)
 
 
 @dataclass
@@ -73,6 +102,9 @@ class TrainJob:
     dvc_file: str = "dvc.yaml"
     arc: str | None = None  # model.arc: the ARC model of the in-training demos
     demos: DemoSettings = DemoSettings()
+    validation: ValidationSettings = ValidationSettings()
+    best: BestSettings = BestSettings()
+    strict: bool = False  # fail on a prompt census over the limit instead of warning
 
     @classmethod
     def from_params(cls, params: dict, base: str, root: str | Path = ".", arc: str | None = None) -> TrainJob:
@@ -91,6 +123,9 @@ class TrainJob:
             root=Path(root),
             arc=arc,
             demos=DemoSettings.from_params(stage.get("demos")),
+            validation=ValidationSettings.from_params(stage.get("validation")),
+            best=BestSettings.from_params(stage.get("best")),
+            strict=bool(stage.get("strict", False)),
         )
         if not NAME_RE.fullmatch(job.name):
             raise ValueError(
@@ -103,30 +138,34 @@ class TrainJob:
 
     @property
     def model_dir(self) -> Path:
-        return self.root / "models" / "converted" / self.base
+        return self.root / converted_dir(self.base)
 
     @property
     def svd_dir(self) -> Path:
-        return self.root / "models" / "svd" / self.base
+        return self.root / svd_folder(self.base)
 
     @property
     def arc_dir(self) -> Path | None:
-        return self.root / "models" / "converted" / self.arc if self.arc else None
+        return self.root / converted_dir(self.arc) if self.arc else None
 
     @property
     def latents(self) -> Path:
-        return self.root / "data" / "latents"
+        return self.root / LATENTS_DIR
 
     @property
     def final_adapter(self) -> Path:
-        return self.root / "models" / "lora" / f"{self.name}.safetensors"
+        return self.root / LORA_DIR / f"{self.name}.safetensors"
+
+    @property
+    def best_adapter(self) -> Path:
+        return self.root / LORA_DIR / f"{self.name}{BEST_SUFFIX}.safetensors"
 
     @property
     def metrics_dir(self) -> Path:
-        return self.root / "dvclive" / "train"
+        return self.root / DVCLIVE_TRAIN_DIR
 
     def run_paths(self, session: str | None = None) -> RunPaths:
-        return RunPaths.create(self.root / "runs", self.name, session)
+        return RunPaths.create(self.root / RUNS_DIR, self.name, session)
 
     # ---- declared params and inputs (dvc.yaml) --------------------------------------------------
 
@@ -169,11 +208,12 @@ class TrainJob:
             "init_from": self.init_from,
             "step_offset": self.step_offset,
             "epoch_offset": self.epoch_offset,
+            "validation_holdout": self.validation.fraction if self.validation.holds_out else None,
         }
         declared = self.declared()
-        inputs = {"data/latents": self.latents, f"models/converted/{self.base}": self.model_dir}
+        inputs = {LATENTS_DIR: self.latents, converted_dir(self.base).as_posix(): self.model_dir}
         if self.uses_svd():
-            inputs[f"models/svd/{self.base}"] = self.svd_dir
+            inputs[svd_folder(self.base).as_posix()] = self.svd_dir
         if declared is not None:
             demo_only = {self._fill(dep) for dep in DEMO_DEPS}
             inputs.update({dep: self.root / dep for dep in declared["deps"] if dep not in demo_only})
@@ -187,38 +227,65 @@ class TrainJob:
     # ---- building -------------------------------------------------------------------------------
 
     def build(self, cfg: TrainConfig | None = None):
-        """(session, loader) for `cfg` (default: the job's)."""
+        """(session, loader) for `cfg` (default: the job's); the held-out validation files are not in it."""
         from sa3mlx.train.session import TrainingSession
 
         cfg = cfg or self.cfg
         session = TrainingSession.build(
             self.model_dir, cfg, seed=cfg.seed, svd_dir=self.svd_dir if self.uses_svd() else None
         )
-        variant = ModelConfig.load(self.model_dir / "model_config.json").variant
-        dataset = PreEncodedDataset(self.latents, cfg.crop_length(variant), cfg.random_crop, cfg.prompts)
+        train_files, _ = self.validation.split(find_latents(self.latents), cfg.seed)
+        dataset = self._dataset(self.latents, cfg, cfg.random_crop, train_files)
         sampler = EpochSampler(len(dataset), cfg.batch_size, cfg.seed, drop_last=cfg.drop_last)
         return session, BatchLoader(dataset, sampler)
+
+    def validation_dataset(self, cfg: TrainConfig | None = None) -> PreEncodedDataset | None:
+        """The validation items (first crops): a folder of its own, or the files held out of data/latents."""
+        cfg = cfg or self.cfg
+        if not self.validation.on:
+            return None
+        if self.validation.folder is not None:
+            return self._dataset(self.root / self.validation.folder, cfg, False, None)
+        _, held_out = self.validation.split(find_latents(self.latents), cfg.seed)
+        return self._dataset(self.latents, cfg, False, held_out)
+
+    def _dataset(self, folder: Path, cfg: TrainConfig, random_crop: bool, files) -> PreEncodedDataset:
+        crop = cfg.crop_length(self.model_config().variant)
+        return PreEncodedDataset(folder, crop, random_crop, cfg.prompts, files=files)
+
+    def callbacks(self, session, loader: BatchLoader, run: RunPaths, metrics: TrainingMetrics, console: P.Console):
+        """Metrics, validation, the best checkpoint and the demos of a stage run, in that order."""
+        console.say(empty_prompt_lines(loader.dataset, self.strict))
+        validator = None
+        if self.validation.on:
+            validator = Validator(
+                self.validation, session, self.validation_dataset(), self.cfg.seed, metrics, console.say
+            )
+        best = BestCheckpoint(self.best_adapter, self.best, session, validator is not None, say=console.say)
+        if validator is not None:
+            validator.listeners.append(best.on_validation)
+        return [c for c in (metrics, validator, best) if c is not None] + self.demo_callbacks(session, run, console)
 
     # ---- the stage run --------------------------------------------------------------------------
 
     def run(self, out: IO | None = None) -> int:
-        out = out or sys.stdout
+        console = P.Console(out)
         if self.smoke_mode:
-            return self.smoke(out)
+            return self.smoke(console.out)
         payload = self.fingerprint_payload()
         key = fingerprint(payload)
         run = self.run_paths()
         choice, lines = prepare_run(run.root, key, payload)
         run.ensure_root()
-        P.emit([f"train: {self.describe()}", *lines], out)
+        console.say([f"train: {self.describe()}", *lines])
         cfg = self.fit_memory()
         if cfg is None:
             return MEMORY_EXIT
         session, loader = self.build(cfg)
         settings = LoopSettings.from_config(self.cfg, fingerprint=key, fingerprint_inputs=payload)
         metrics = TrainingMetrics(self.metrics_dir, choice.state.step if choice.state else None)
-        demos = self.demo_hook(session, run, fresh=choice.state is None, out=out)
-        loop = TrainingLoop(session, loader, run, settings, metrics=metrics, out=out, on_step=demos)
+        callbacks = self.callbacks(session, loader, run, metrics, console)
+        loop = TrainingLoop(session, loader, run, settings, callbacks=callbacks, console=console)
         if choice.state is not None:
             loop.restore(choice.state, choice.checkpoint)
         elif self.init_from:
@@ -226,9 +293,9 @@ class TrainJob:
         result = loop.run()
         if result.status == "done" and result.checkpoint is not None:
             copy_atomic(result.checkpoint, self.final_adapter)
-            P.emit(f"train: final adapter {self.final_adapter} (= {result.checkpoint.name})", out)
+            console.say(f"train: final adapter {self.final_adapter} (= {result.checkpoint.name})")
         elif result.status == "done":
-            P.emit("train: nothing was trained and the run has no checkpoint", out)
+            console.say("train: nothing was trained and the run has no checkpoint")
             return 1
         return result.exit_code
 
@@ -236,17 +303,16 @@ class TrainJob:
         """The config with `grad_checkpoint` decided, or None (after saying what would fit) when the
         step's estimated peak exceeds this machine's memory. Nothing is written: the run resumes.
         The lines go to stderr (stdout is the dashboard's)."""
-        variant = ModelConfig.load(self.model_dir / "model_config.json").variant
-        cfg, check = plan_memory(self.model_dir, self.cfg, self.cfg.crop_length(variant))
+        cfg, check = plan_memory(self.model_dir, self.cfg, self.cfg.crop_length(self.model_config().variant))
         P.emit([configure_device(), *check.lines()], sys.stderr)
         return cfg if check.fits else None
 
-    def demo_hook(self, session, run: RunPaths, fresh: bool, out: IO) -> TrainDemos | None:
-        """The loop's demo hook (None when `train.demos.every` is 0 or there are no entries)."""
+    def demo_callbacks(self, session, run: RunPaths, console: P.Console) -> list[TrainDemos]:
+        """The in-training demos (none when `train.demos.every` is 0 or there are no entries)."""
         if not self.demos.on:
-            return None
-        P.emit(f"train: demos every {self.demos.every} steps ({len(self.demos.entries)} entries) -> {run.demos}", out)
-        return TrainDemos(
+            return []
+        console.say(f"train: demos every {self.demos.every} steps ({len(self.demos.entries)} entries) -> {run.demos}")
+        demos = TrainDemos(
             self.demos,
             session,
             run.demos,
@@ -254,15 +320,60 @@ class TrainJob:
             self.arc_dir,
             svd_dir=self.svd_dir if self.uses_svd() else None,
             label=run.label,
-            fresh=fresh,
-            say=lambda line: P.emit(line, out),
+            say=console.say,
         )
+        return [demos]
+
+    def model_config(self) -> ModelConfig:
+        return ModelConfig.load(self.model_dir / MODEL_CONFIG_FILE)
+
+    def model_config_path(self) -> Path:
+        """The converted model's config, or before `convert` has run, the source snapshot's."""
+        converted = self.model_dir / MODEL_CONFIG_FILE
+        return converted if converted.is_file() else self.root / source_model_dir(self.base) / MODEL_CONFIG_FILE
+
+    def resolved_config(self) -> dict:
+        """What a run of this job really uses (`sa3mlx config train`): the preset with the params
+        applied and the values left to the model filled in from its config, as plain JSON values."""
+        path = self.model_config_path()
+        model = ModelConfig.load(path)
+        train = self.cfg.for_model(model)
+        from_model = [
+            f.name
+            for f in fields(TrainConfig)
+            if getattr(self.cfg, f.name) is None and getattr(train, f.name) is not None
+        ]
+        return {
+            "preset": self.preset or DEFAULT_PRESET,
+            "name": self.name,
+            "model": {"base": self.base, "arc": self.arc, "config": str(path), "variant": model.variant},
+            "train": train.as_dict(),
+            "from_model_config": sorted(from_model),
+            "stage": {
+                "smoke": self.smoke_mode,
+                "init_from": self.init_from,
+                "step_offset": self.step_offset,
+                "epoch_offset": self.epoch_offset,
+                "strict": self.strict,
+            },
+            "validation": asdict(self.validation),
+            "best": asdict(self.best),
+            "demos": {"every": self.demos.every, "entries": len(self.demos.entries), "on": self.demos.on},
+            "outputs": {
+                "adapter": str(self.final_adapter),
+                "best": str(self.best_adapter),
+                "run": str(self.root / RUNS_DIR / self.name),
+                "metrics": str(self.metrics_dir),
+            },
+        }
 
     def describe(self) -> str:
-        cfg = self.cfg
+        cfg = self.cfg.for_model(self.model_config())
+        masking = "train.mask_padding_attention" if self.cfg.mask_padding_attention is not None else "model config"
         return (
             f"preset {self.preset or 'underfit-dashboard'}, {cfg.adapter.adapter_type} r{cfg.adapter.rank}, "
             f"lr {cfg.lr:g} ({cfg.lr_schedule}), batch {cfg.batch_size}, crop {cfg.latent_crop_length}, "
+            f"mask_padding_attention {str(cfg.mask_padding_attention).lower()} ({masking}), "
             f"to step {cfg.max_steps} on {self.base}; run {self.run_paths('x').root}"
         )
 
@@ -272,40 +383,40 @@ class TrainJob:
         """A few steps, save, a fresh session resumed from the save for a few more: the resumed
         adapter and state must equal an uninterrupted run's, byte for byte. Writes the adapter
         as the stage output; never touches runs/<name>/."""
-        out = out or sys.stdout
+        console = P.Console(out)
         before, after = SMOKE_STEPS
         fitted = self.fit_memory()
         if fitted is None:
             return MEMORY_EXIT
         cfg = replace(fitted, max_steps=before, checkpoint_every=before, keep_last=None)
-        P.emit(f"smoke: {before} steps, save, resume in a fresh session, {after} more ({self.describe()})", out)
+        console.say(f"smoke: {before} steps, save, resume in a fresh session, {after} more ({self.describe()})")
         with tempfile.TemporaryDirectory(prefix="sa3mlx-smoke-") as tmp:
-            straight = self._smoke_loop(cfg, Path(tmp) / "a", out)
+            straight = self._smoke_loop(cfg, Path(tmp) / "a", console)
             straight.run()
             saved = straight.last_checkpoint
-            straight.settings.max_steps = before + after
+            straight.settings = replace(straight.settings, max_steps=before + after)  # a second run, longer
             straight.run()
-            resumed = self._smoke_loop(replace(cfg, max_steps=before + after), Path(tmp) / "b", out)
+            resumed = self._smoke_loop(replace(cfg, max_steps=before + after), Path(tmp) / "b", console)
             resumed.restore(load_resume(resume_files(saved)[1]), saved)
             resumed.run()
             problems = _compare_runs(straight.last_checkpoint, resumed.last_checkpoint)
             if not problems:
                 copy_atomic(resumed.last_checkpoint, self.final_adapter)
+                copy_atomic(resumed.last_checkpoint, self.best_adapter)  # declared output; no selection here
         self.run_paths("x").ensure_root()  # the stage's persist output exists, untouched
         if problems:
-            P.emit(["smoke: FAILED: the resumed run differs from the uninterrupted one:", *problems], out)
+            console.say(["smoke: FAILED: the resumed run differs from the uninterrupted one:", *problems])
             return 1
-        P.emit(
+        console.say(
             f"smoke: OK: resumed at step {before}, {after} more steps; adapter and optimizer state "
-            f"byte-identical to an uninterrupted run ({self.final_adapter})",
-            out,
+            f"byte-identical to an uninterrupted run ({self.final_adapter})"
         )
         return 0
 
-    def _smoke_loop(self, cfg: TrainConfig, save_dir: Path, out: IO) -> TrainingLoop:
+    def _smoke_loop(self, cfg: TrainConfig, save_dir: Path, console: P.Console) -> TrainingLoop:
         session, loader = self.build(cfg)
         run = RunPaths.create(save_dir, self.name, "00000000")
-        return TrainingLoop(session, loader, run, LoopSettings.from_config(cfg), out=out)
+        return TrainingLoop(session, loader, run, LoopSettings.from_config(cfg), console=console)
 
 
 def _compare_runs(a: Path, b: Path) -> list[str]:

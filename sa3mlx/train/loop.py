@@ -1,14 +1,18 @@
-"""The training loop: batches through `TrainingSession.step`, underfit's console output and
-checkpoint cadence, resume states, guards.
+"""The training loop: batches through a `Session`'s `step`, underfit's console output and
+checkpoint cadence, resume states, guards, the time budget, and the callbacks.
 
-    loop = TrainingLoop(session, loader, RunPaths.create("runs", "my-run"), LoopSettings.from_config(cfg))
+    loop = TrainingLoop(session, loader, RunPaths.create("runs", "my-run"), LoopSettings.from_config(cfg),
+                        callbacks=[TrainingMetrics("dvclive/train")], console=Console())
     loop.restore(state)          # or loop.start_from_adapter(path); neither: a fresh run
     result = loop.run()          # LoopResult: status done / interrupted / nonfinite, last checkpoint
 
-Hooks: `on_checkpoint(path, step)` after each save; `on_step(step, checkpoint)` once before the
-first step of `run()` and after each step that does not stop the run early, after that step's
-save (`checkpoint`: the file of this step, else None) — e.g. in-training demos (`train/demos.py`).
-Neither may touch the session's state: what they do must leave a resumed run bit-exact.
+The session is anything that implements `contract.Session`; what happens around the steps
+(metrics, demos, validation, the best checkpoint) is a list of `contract.TrainingCallback`s:
+`on_run_start` before the first step, `on_step` after each step and after that step's adapter
+file (also for a step after which the run stops: `report.stopping`), `on_checkpoint` once the
+checkpoint's resume state is written too (it holds the callbacks' state after that step),
+`on_run_end`. The settings are frozen; a wall-clock limit or a WSD plan ends a run through the
+time budget (`train/budget.py`).
 
 Each step's random numbers come from a generator seeded by (seed, global step), and the data
 order from the sampler's position, so a run resumed from a checkpoint continues bit-exactly.
@@ -19,8 +23,8 @@ the run ends at its target, so the final checkpoint's name carries the next epoc
 from __future__ import annotations
 
 import math
-import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -31,8 +35,9 @@ from sa3mlx.data.dataset import BatchLoader
 from sa3mlx.lora.checkpoint import apply_lora, lora_key, read_lora, save_lora
 from sa3mlx.runtime.io import atomic_path
 from sa3mlx.train import progress as P
+from sa3mlx.train.budget import time_budget
+from sa3mlx.train.contract import Session, StepReport, TrainingCallback
 from sa3mlx.train.guards import NonFiniteGuard, StallWatchdog
-from sa3mlx.train.optim import WarmupStableDecay, WSDPlan
 from sa3mlx.train.resume import ResumeState, bare_offsets, resume_files, save_resume
 from sa3mlx.train.runs import RunPaths, SaveRequests, prune_checkpoints
 
@@ -46,7 +51,7 @@ def step_rng(seed: int, step: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), STEP_STREAM, int(step)])
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoopSettings:
     max_steps: int  # absolute global step target
     checkpoint_every: int = 1000
@@ -81,7 +86,7 @@ class LoopResult:
 
 
 def batch_inputs(batch) -> dict:
-    """What `TrainingSession.step` reads from a dataset Batch."""
+    """What `Session.step` reads from a dataset Batch."""
     return {
         "latents": batch.latents,
         "padding_mask": batch.padding_mask,
@@ -93,29 +98,33 @@ def batch_inputs(batch) -> dict:
 class TrainingLoop:
     def __init__(
         self,
-        session,
+        session: Session,
         loader: BatchLoader,
         run: RunPaths,
         settings: LoopSettings,
-        metrics=None,
+        callbacks: Sequence[TrainingCallback] = (),
         out: IO | None = None,
-        on_checkpoint=None,
-        on_step=None,
+        console: P.Console | None = None,
     ):
-        """`on_checkpoint(path, step)` runs after each save; `on_step(step, checkpoint)` at the
-        start of `run()` and after each step and its save (see the module docstring)."""
         self.session, self.loader, self.run_paths, self.settings = session, loader, run, settings
-        self.metrics, self.out, self.on_checkpoint = metrics, out or sys.stdout, on_checkpoint
-        self.on_step = on_step
+        self.callbacks = list(callbacks)
+        self.console = console or P.Console(out)
+        self.budget = time_budget(session.schedule, settings.max_minutes)
         self.global_step = 0
         self.epoch_offset = 0  # epochs before this sampler's epoch 0 (a bare-adapter resume)
-        self.elapsed_seconds = 0.0  # training wall time, across resumes
         self.guard = NonFiniteGuard(settings.max_nonfinite)
         self.watchdog = StallWatchdog(settings.stall_factor)
         self.last_checkpoint: Path | None = None
         self.resumed_from: int | None = None
+        self.fresh = True  # False once the loop continues a resume state (or a run of its own)
         self._saved_step: int | None = None
-        self._bar = None  # the epoch's bar while a step is being finished (paused to print)
+        self._stop_at: int | None = None  # the step a wall-clock limit ended the run at
+        self._pending: StepReport | None = None  # the last step's report, sent after the final save
+        self._unfinished: tuple[Path, int] | None = None  # (checkpoint, epoch) whose resume state is due
+
+    @property
+    def out(self) -> IO:
+        return self.console.out
 
     # ---- starting points ----------------------------------------------------------------------
 
@@ -126,9 +135,14 @@ class TrainingLoop:
         self.loader.load_state_dict(state.sampler)
         loop = state.loop
         self.global_step, self.epoch_offset = state.step, int(loop.get("epoch_offset", 0))
-        self.elapsed_seconds = float(loop.get("elapsed_seconds", 0.0))
+        self.budget.elapsed_seconds = float(loop.get("elapsed_seconds", 0.0))
         self.guard.load_state_dict(loop.get("guard", {}))
+        saved = loop.get("callbacks", {})
+        for callback in self.callbacks:
+            if callback.name and callback.name in saved:
+                callback.load_state_dict(saved[callback.name])
         self.last_checkpoint, self.resumed_from, self._saved_step = checkpoint, state.step, state.step
+        self.fresh = False
         _truncate_loss_log(self.run_paths.demos / P.LOSS_BY_TIMESTEP_FILE, state.step)
 
     def start_from_adapter(
@@ -153,31 +167,30 @@ class TrainingLoop:
         return self.epoch_offset + self.loader.sampler.epoch
 
     def target_step(self) -> int:
-        schedule = getattr(self.session, "schedule", None)
-        if isinstance(schedule, WarmupStableDecay) and schedule.plan is not None:
-            return min(self.settings.max_steps, schedule.plan.total_steps)
-        return self.settings.max_steps
+        target = self.budget.target(self.settings.max_steps)
+        return target if self._stop_at is None else min(target, self._stop_at)
 
     def run(self) -> LoopResult:
         self._announce()
-        status, first_step = "done", self.global_step
+        status, self._pending = "done", None
         with (
             SaveRequests(self.run_paths.save_now, self.out) as requests,
             P.LossByTimestepLog(self.run_paths.demos / P.LOSS_BY_TIMESTEP_FILE) as lbt,
         ):
-            self._step_done()
+            self._each(lambda c: c.on_run_start(self.global_step, self.fresh))
             epoch = self.epoch
             while self.global_step < self.target_step() and status == "done":
                 epoch, status = self._run_epoch(requests, lbt)
             if status == "done" and self._saved_step != self.global_step:
                 # underfit's epoch counter advances once more when the run ends at its target
                 self.save_checkpoint(epoch + 1, final=True)
-            if status == "done" and self.global_step > first_step:
-                self._step_done()  # the last step, after its (final) save
-        if self.metrics is not None:
-            self.metrics.close()
+            if self._pending is not None:
+                self._report(self._pending, stopping=False)  # the last step, after its (final) save
+            self._finish_save()
+        self.fresh = False
+        self._each(lambda c: c.on_run_end(status, self.global_step, self.last_checkpoint))
         if status == "done":
-            P.emit(P.TRAINING_DONE, self.out)
+            self.console.say(P.TRAINING_DONE)
             return LoopResult(status, self.global_step, self.last_checkpoint)
         code = 128 + requests.stop_signal if status == "interrupted" else EXIT_NONFINITE
         return LoopResult(status, self.global_step, self.last_checkpoint, code)
@@ -195,9 +208,9 @@ class TrainingLoop:
             file=self.out,
             initial=sampler.position,
         )
-        status, self._bar = "done", bar
+        status, self.console.bar = "done", bar
         for batch in bar:
-            self._ensure_wsd_plan(batch)
+            self._plan_budget(batch)
             started = time.perf_counter()
             result = self.session.step(batch_inputs(batch), step_rng(self.settings.seed, self.global_step))
             seconds = time.perf_counter() - started
@@ -205,23 +218,20 @@ class TrainingLoop:
             if finite:
                 lbt.write(self.global_step, result.t_mean, result.loss)
             self.global_step += 1
-            self._count_time(seconds)
-            P.report_step(
-                bar,
-                self.global_step,
-                epoch,
-                result.loss,
-                self._display_lr(result),
-                result.grad_norm,
-                result.lora_magnitude,
-            )
-            self._log_metrics(result, seconds)
+            self.budget.add(seconds)
+            lr = float(self.session.next_lr)  # underfit shows the lr after stepping the scheduler
+            P.report_step(bar, self.global_step, epoch, result.loss, lr, result.grad_norm, result.lora_magnitude)
+            hit_rate = self.session.prompt_cache_stats().get("hit_rate")
+            report = StepReport(self.global_step, epoch, result, seconds, lr, hit_rate, None, False)
             status = self._after_step(finite, result, seconds, epoch, requests)
-            if status != "done" or self.global_step >= self.target_step():
-                break  # the last step's hook runs after the final save (run)
-            self._step_done()
+            if status == "done" and self.global_step >= self.target_step():
+                self._pending = report  # reported after the final save (run)
+                break
+            self._report(report, stopping=status != "done")
+            if status != "done":
+                break
         bar.close()
-        self._bar = None
+        self.console.bar = None
         return epoch, status
 
     def _batches(self):
@@ -231,41 +241,62 @@ class TrainingLoop:
         """Guards, watchdog and saves after a step; returns the loop status."""
         message = self.guard.update(finite, self.global_step, result.loss)
         if message:
-            self._say(message)
+            self.console.say(message)
         warning = self.watchdog.update(self.global_step, seconds)
         if warning:
-            self._say(warning)
+            self.console.say(warning)
         if self.guard.tripped:
             path = self.save_checkpoint(epoch)
-            self._say(self.guard.stop_message(path.name))
+            self.console.say(self.guard.stop_message(path.name))
             return "nonfinite"
         if self.global_step % self.settings.checkpoint_every == 0 or requests.take_save() or requests.stopping:
             self.save_checkpoint(epoch)
         if requests.stopping:
-            self._say(f"Stopped at step {self.global_step}; a resume continues from {self.last_checkpoint.name}")
+            self.console.say(f"Stopped at step {self.global_step}; a resume continues from {self.last_checkpoint.name}")
             return "interrupted"
-        if self._out_of_time():
-            self._say(f"max_minutes ({self.settings.max_minutes:g}) reached at step {self.global_step}")
-            self.settings.max_steps = self.global_step
+        if self.budget.out_of_time():
+            self.console.say(self.budget.stop_line(self.global_step))
+            self._stop_at = self.global_step
         return "done"
+
+    def _report(self, report: StepReport, stopping: bool) -> None:
+        """The step's callbacks, then the rest of its save: the resume state holds their state after it."""
+        checkpoint = self.last_checkpoint if self._saved_step == report.step else None
+        report = StepReport(**{**report.__dict__, "checkpoint": checkpoint, "stopping": stopping})
+        self._each(lambda c: c.on_step(report))
+        self._finish_save()
+
+    def _each(self, call) -> None:
+        """Run a hook on every callback, with the bar cleared while they run."""
+        if not self.callbacks:
+            return
+        with self.console.bar_cleared():
+            for callback in self.callbacks:
+                call(callback)
 
     # ---- saving -------------------------------------------------------------------------------
 
     def save_checkpoint(self, epoch: int, final: bool = False) -> Path:
-        """The adapter (underfit's file), then its resume state, then pruning; atomic each."""
+        """The adapter (underfit's file) now; its resume state, pruning and `on_checkpoint` once the
+        step's callbacks have run (`_finish_save`). Atomic each."""
         if self._saved_step == self.global_step and self.last_checkpoint is not None and not final:
             return self.last_checkpoint
         path = self.run_paths.checkpoint_path(self.global_step, epoch)
         save_lora(
             path, self.session.adapters, self.session.lora_config, self.global_step, epoch, self.settings.base_model
         )
+        self.last_checkpoint, self._saved_step, self._unfinished = path, self.global_step, (path, epoch)
+        self.console.say(P.saved_line(path.name, final))
+        return path
+
+    def _finish_save(self) -> None:
+        if self._unfinished is None:
+            return
+        path, epoch = self._unfinished
+        self._unfinished = None
         save_resume(path, self.resume_state(epoch))
         prune_checkpoints(self.run_paths.root, self.settings.keep_last, resume_files)
-        self.last_checkpoint, self._saved_step = path, self.global_step
-        self._say(P.saved_line(path.name, final))
-        if self.on_checkpoint is not None:
-            self.on_checkpoint(path, self.global_step)
-        return path
+        self._each(lambda c: c.on_checkpoint(path, self.global_step, epoch))
 
     def resume_state(self, epoch: int) -> ResumeState:
         session = dict(self.session.state_dict())
@@ -279,109 +310,47 @@ class TrainingLoop:
             adapter=self.session.adapter_state() if adapter is None else adapter,
             loop={
                 "epoch_offset": self.epoch_offset,
-                "elapsed_seconds": self.elapsed_seconds,
+                "elapsed_seconds": self.budget.elapsed_seconds,
                 "guard": self.guard.state_dict(),
+                "callbacks": {c.name: c.state_dict() for c in self.callbacks if c.name},
             },
             fingerprint_inputs=self.settings.fingerprint_inputs or {},
         )
 
-    def _step_done(self) -> None:
-        """The `on_step` hook for the current step, with the bar cleared while it runs."""
-        if self.on_step is None:
-            return
-        checkpoint = self.last_checkpoint if self._saved_step == self.global_step else None
-        if self._bar is None:
-            self.on_step(self.global_step, checkpoint)
-            return
-        with P.bar_paused(self._bar):
-            self.on_step(self.global_step, checkpoint)
-
     # ---- helpers ------------------------------------------------------------------------------
-
-    def _say(self, lines) -> None:
-        """Console lines, with the bar cleared and redrawn around them when one is showing."""
-        if self._bar is None:
-            P.emit(lines, self.out)
-            return
-        with P.bar_paused(self._bar):
-            P.emit(lines, self.out)
 
     def _announce(self) -> None:
         session, sampler = self.session, self.loader.sampler
         trainable = sum(int(np.size(v)) for v in session.adapter_state().values())
-        P.emit(
-            P.lora_config_lines(session.lora_config)
-            + [P.lora_layers_line(len(session.adapters)), P.trainable_params_line(trainable)],
-            self.out,
-        )
+        lines = P.lora_config_lines(session.lora_config)
+        lines += [P.lora_layers_line(len(session.adapters)), P.trainable_params_line(trainable)]
         if sampler.oversampled:
-            P.emit(
+            lines.append(
                 P.oversampling_line(
                     sampler.size, sampler.batch_size, sampler.samples_per_epoch, self.loader.dataset.random_crop
-                ),
-                self.out,
+                )
             )
-        P.emit(P.prompt_preview_lines(preview_prompts(self.loader)), self.out)
+        lines += P.prompt_preview_lines(preview_prompts(self.loader))
         if self.resumed_from:
-            P.emit(P.resume_line(self.global_step, self.epoch), self.out)
-        P.emit(P.training_to_lines(self.settings.max_steps, self.global_step, self.settings.checkpoint_every), self.out)
+            lines.append(P.resume_line(self.global_step, self.epoch))
+        lines += P.training_to_lines(self.settings.max_steps, self.global_step, self.settings.checkpoint_every)
+        self.console.say(lines)
 
-    def _display_lr(self, result) -> float:
-        """underfit shows the lr after stepping the scheduler: the one the next step will use."""
-        next_lr = getattr(self.session, "next_lr", None)
-        next_lr = next_lr() if callable(next_lr) else next_lr
-        return float(result.lr if next_lr is None else next_lr)
-
-    def _count_time(self, seconds: float) -> None:
-        self.elapsed_seconds += seconds
-        schedule = getattr(self.session, "schedule", None)
-        if isinstance(schedule, WarmupStableDecay):
-            schedule.add_elapsed(seconds)
-
-    def _out_of_time(self) -> bool:
-        schedule = getattr(self.session, "schedule", None)
-        limit = self.settings.max_minutes
-        return bool(limit) and not isinstance(schedule, WarmupStableDecay) and self.elapsed_seconds >= limit * 60
-
-    def _ensure_wsd_plan(self, batch) -> None:
-        """WSD needs its step count before the first step: time two probe steps on the first
-        batch, then put the session back exactly as it was and freeze the plan."""
-        schedule = getattr(self.session, "schedule", None)
-        if not isinstance(schedule, WarmupStableDecay) or schedule.plan is not None:
+    def _plan_budget(self, batch) -> None:
+        """A WSD budget needs its step count before the first step: time two probe steps on the
+        first batch, then put the session back exactly as it was and freeze the plan."""
+        if not self.budget.needs_plan:
             return
         state, adapter = self.session.state_dict(), self.session.adapter_state()
-        schedule.plan = WSDPlan(
-            total_steps=self.settings.max_steps + 2, warmup_steps=1, decay_steps=1, seconds_per_step=1.0
-        )
         times = []
-        for probe in range(2):
-            started = time.perf_counter()
-            self.session.step(batch_inputs(batch), np.random.default_rng([self.settings.seed, probe]))
-            times.append(time.perf_counter() - started)
+        with self.budget.probing(self.settings.max_steps):
+            for probe in range(2):
+                started = time.perf_counter()
+                self.session.step(batch_inputs(batch), np.random.default_rng([self.settings.seed, probe]))
+                times.append(time.perf_counter() - started)
         self.session.load_adapter_state(adapter)
         self.session.load_state_dict(state)
-        schedule.plan = None
-        plan = schedule.freeze(times[-1], steps_done=self.global_step)
-        self._say(
-            f"WSD: {schedule.max_minutes:g} min budget ({schedule.elapsed_seconds / 60:.1f} used) at "
-            f"{times[-1]:.3f} s/step -> {plan.total_steps} steps (warm-up {plan.warmup_steps}, "
-            f"decay {plan.decay_steps})"
-        )
-
-    def _log_metrics(self, result, seconds: float) -> None:
-        if self.metrics is None:
-            return
-        stats = self.session.prompt_cache_stats() if hasattr(self.session, "prompt_cache_stats") else {}
-        values = {
-            "train/loss": result.loss,
-            "train/lr": self._display_lr(result),
-            "train/grad_norm": result.grad_norm,
-            "train/lora_magnitude": result.lora_magnitude,
-            "train/step_seconds": seconds,
-        }
-        if stats.get("hit_rate") is not None:
-            values["train/prompt_cache_hit_rate"] = stats["hit_rate"]
-        self.metrics.log(self.global_step, values)
+        self.console.say(self.budget.freeze(times[-1], steps_done=self.global_step))
 
 
 def preview_prompts(loader: BatchLoader, count: int = PREVIEW_PROMPTS) -> list[str]:

@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 
 from sa3mlx.runtime.io import atomic_path
+from sa3mlx.train.contract import StepReport, TrainingCallback
 
 METRIC_NAMES = (
     "train/loss",
@@ -44,13 +45,32 @@ def _files_only_live(folder: Path, resume: bool):
     return FilesOnlyLive(str(folder), resume=resume, report=None, save_dvc_exp=False, dvcyaml=None)
 
 
-class TrainingMetrics:
+class TrainingMetrics(TrainingCallback):
+    """The loop's metrics callback: each step's values at dvclive step = that global step; other
+    callbacks (validation) log theirs through `log`."""
+
     def __init__(self, folder: str | Path, resume_step: int | None = None):
         """`resume_step` None: a fresh run (previous history removed); else keep rows up to it."""
         self.folder = Path(folder)
         if resume_step is not None:
             truncate_history(self.folder, resume_step)
         self.live = _files_only_live(self.folder, resume_step is not None)
+
+    def on_step(self, report: StepReport) -> None:
+        out = report.output
+        values = {
+            "train/loss": out.loss,
+            "train/lr": report.lr,
+            "train/grad_norm": out.grad_norm,
+            "train/lora_magnitude": out.lora_magnitude,
+            "train/step_seconds": report.seconds,
+        }
+        if report.prompt_cache_hit_rate is not None:
+            values["train/prompt_cache_hit_rate"] = report.prompt_cache_hit_rate
+        self.log(report.step, values)
+
+    def on_run_end(self, status: str, step: int, checkpoint) -> None:
+        self.close()
 
     def log(self, step: int, values: dict[str, float]) -> None:
         self.live.step = int(step)

@@ -43,7 +43,10 @@ class ObjectiveConfig:
     @classmethod
     def from_train_config(cls, cfg) -> ObjectiveConfig:
         """From a `TrainConfig`: `mask_padding_attention` turns on both the DiT mask and the
-        signal-only reduction, as in the official step."""
+        signal-only reduction, as in the official step. Resolve it against the model first
+        (`TrainConfig.for_model`): None here is an error, never a silent False."""
+        if cfg.mask_padding_attention is None:
+            raise ValueError("mask_padding_attention is unresolved: take it from the model (TrainConfig.for_model)")
         return cls(
             cfg_dropout_prob=cfg.cfg_dropout_prob,
             inpaint_mask_probabilities=cfg.inpaint_mask_probabilities,

@@ -11,8 +11,12 @@ Three conventions, each a complete set of defaults (adapter defaults live in `Lo
   and the loss on the padding mask, batch 1.
 - `sa3-official`: the flags of SA3's `scripts/train_lora.py` — every layer adapted, trunc_logit_normal,
   AdamW lr 1e-4 betas (0.9, 0.95) wd 0.01, no schedule, no clipping, masks [0.1, 0.8, 0.1],
-  `mask_padding_attention`, context loss weight 1.0, effective-length schedule, crop 380 s
+  context loss weight 1.0, effective-length schedule, crop 380 s
   (4091 latents), checkpoints every 500, full batches only.
+
+In every preset `mask_padding_attention` and `use_effective_length_for_schedule` follow the model's
+config (as underfit's loop and the official factory read them) unless a param sets them, and
+`latent_crop_length` the model family; `TrainConfig.for_model` fills them in.
 
 Every field can be overridden; an unknown key is an error naming the known ones.
 """
@@ -24,6 +28,8 @@ from dataclasses import dataclass, field, fields, replace
 
 from sa3mlx.data.prompts import PromptTemplate
 from sa3mlx.lora.config import LoRAConfig
+from sa3mlx.models.config import ModelConfig
+from sa3mlx.runtime.io import plain
 from sa3mlx.train.optim import SCHEDULES, make_schedule
 from sa3mlx.train.timesteps import check_sampler
 
@@ -52,7 +58,7 @@ class TrainConfig:
     use_effective_length_for_schedule: bool | None = None  # None: as the model config says
     cfg_dropout_prob: float = 0.1
     inpaint_mask_probabilities: tuple[float, float, float] | None = None  # None: all-ones mask, zero context
-    mask_padding_attention: bool = False
+    mask_padding_attention: bool | None = None  # None: as the model config says
     mask_loss_weight: float = 0.0  # official kept-context term
     padding_loss_weight: float = 0.0  # underfit's padding-term weight
     loss_normalization: str = "none"
@@ -83,9 +89,19 @@ class TrainConfig:
             raise ValueError(f"no default latent_crop_length for a '{variant}' model: set train.latent_crop_length")
         return CROP_BY_FAMILY[family]
 
+    def for_model(self, model: ModelConfig) -> TrainConfig:
+        """What a run on `model` really uses: the fields left to the model (None) filled in from it."""
+        effective = self.use_effective_length_for_schedule
+        return replace(
+            self,
+            latent_crop_length=self.latent_crop_length or CROP_BY_FAMILY.get(model.variant.split("-")[0]),
+            mask_padding_attention=_given(self.mask_padding_attention, model.mask_padding_attention),
+            use_effective_length_for_schedule=_given(effective, model.use_effective_length),
+        )
+
     def as_dict(self) -> dict:
         """Plain JSON-able values (nested configs as dicts, tuples as lists)."""
-        return _plain(dataclasses.asdict(self))
+        return plain(dataclasses.asdict(self))
 
     def fingerprint_dict(self) -> dict:
         """What a resume must match: every field except the run length (and max_minutes unless WSD)."""
@@ -114,7 +130,6 @@ PRESETS: dict[str, dict] = {
         "adapter": {"exclude": None},
         "timestep_sampler": "trunc_logit_normal",
         "inpaint_mask_probabilities": (0.1, 0.8, 0.1),
-        "mask_padding_attention": True,
         "mask_loss_weight": 1.0,
         "use_effective_length_for_schedule": True,
         "latent_crop_length": (int(380.0 * 44100) // 4096),
@@ -202,6 +217,10 @@ def validate(cfg: TrainConfig, preset: str = "") -> None:
         raise ValueError(f"{where}: grad_clip must be >= 0 (0 or null: off)")
     if cfg.keep_last is not None and cfg.keep_last < 1:
         raise ValueError(f"{where}: keep_last must be >= 1 or null")
+
+
+def _given(value, model_value):
+    return model_value if value is None else value
 
 
 def _plain(value):

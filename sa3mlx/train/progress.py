@@ -155,6 +155,28 @@ def emit(lines: str | list[str], file: IO | None = None) -> None:
         print(line, file=sys.stdout if file is None else file, flush=True)
 
 
+class Console:
+    """The one way the training code writes text: `say(lines)` prints them flushed to `out`, with
+    the epoch's bar (when one is showing) cleared and redrawn around them."""
+
+    def __init__(self, out: IO | None = None):
+        self.out = out or sys.stdout
+        self.bar: tqdm | None = None
+
+    def say(self, lines: str | list[str]) -> None:
+        with self.bar_cleared():
+            emit(lines, self.out)
+
+    @contextlib.contextmanager
+    def bar_cleared(self):
+        """The bar cleared while the block runs (saves, demos, validation print cleanly)."""
+        if self.bar is None:
+            yield
+            return
+        with bar_paused(self.bar):
+            yield
+
+
 # ---- loss_by_timestep.bin ---------------------------------------------------------------------
 
 

@@ -16,14 +16,12 @@ from __future__ import annotations
 import re
 import shutil
 import signal
-import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sa3mlx.lora.checkpoint import checkpoint_file_name, run_label, session_dir
-from sa3mlx.runtime.io import atomic_path
-from sa3mlx.train.progress import SAVE_REQUESTED
+from sa3mlx.train.progress import SAVE_REQUESTED, emit
 
 SAVE_NOW_FILE = "SAVE_NOW"
 DEMOS_DIR = "demos"
@@ -116,13 +114,6 @@ def _remove_empty_session(checkpoints: Path, root: Path) -> None:
             return
 
 
-def copy_atomic(src: str | Path, dst: str | Path) -> Path:
-    """Copy a file to `dst` through a temporary name (the same bytes, never a partial file)."""
-    with atomic_path(dst) as tmp:
-        shutil.copyfile(src, tmp)
-    return Path(dst)
-
-
 def clear_run(root: str | Path) -> int:
     """Remove a stale run (its sessions, demos, SAVE_NOW); returns how many checkpoints it held."""
     root = Path(root)
@@ -169,18 +160,14 @@ class SaveRequests:
 
     def _on_save(self, signum, frame) -> None:
         self.save_requested = True
-        print(SAVE_REQUESTED, file=self.out or sys.stdout, flush=True)
+        emit(SAVE_REQUESTED, self.out)
 
     def _on_stop(self, signum, frame) -> None:
         if self.stop_signal is not None:
             raise KeyboardInterrupt
         self.stop_signal = signum
         name = signal.Signals(signum).name
-        print(
-            f"\n[{name}] stopping: will save a checkpoint after the current step and exit",
-            file=self.out or sys.stdout,
-            flush=True,
-        )
+        emit(f"\n[{name}] stopping: will save a checkpoint after the current step and exit", self.out)
 
     @property
     def stopping(self) -> bool:

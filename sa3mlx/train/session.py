@@ -28,6 +28,7 @@ from sa3mlx.models.config import ModelConfig
 from sa3mlx.models.dit import DiT
 from sa3mlx.models.prompt import PromptEncoder
 from sa3mlx.models.prompt_cache import PromptCache
+from sa3mlx.runtime.layout import DIT_FILE, MODEL_CONFIG_FILE
 from sa3mlx.sample.shifts import make_shift
 from sa3mlx.train.objective import ObjectiveConfig, draw_cfg_dropout, draw_noise, random_inpaint_masks
 from sa3mlx.train.optim import AdamWConfig, load_optimizer_state, make_adamw, make_schedule, optimizer_state_dict
@@ -35,7 +36,6 @@ from sa3mlx.train.presets import TrainConfig
 from sa3mlx.train.step import TRAIN_MATERIALIZE, StepCore
 from sa3mlx.train.timesteps import sample_timesteps, schedule_seq_len, shift_timesteps
 
-DIT_FILE = "dit.npz"
 STATE_VERSION = 1
 
 
@@ -68,12 +68,12 @@ class TrainingSession:
         compile: bool = True,
     ):
         self.dit, self.cond, self.prompts, self.adapters = dit, cond, prompts, adapters
+        cfg = cfg.for_model(model_config)
         self.cfg, self.model_config = cfg, model_config
         self.lora_config: LoRAConfig = cfg.adapter
         self.objective = ObjectiveConfig.from_train_config(cfg)
         self.shift = make_shift(model_config.distribution_shift)
-        effective = cfg.use_effective_length_for_schedule
-        self.use_effective_length = model_config.use_effective_length if effective is None else effective
+        self.use_effective_length = cfg.use_effective_length_for_schedule
         self.optimizer = make_adamw(AdamWConfig(cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay))
         options = dict(cfg.lr_schedule_options)
         if cfg.lr_schedule == "wsd":
@@ -98,7 +98,7 @@ class TrainingSession:
         """A converted model folder (dit.npz, t5gemma.npz, t5gemma/, model_config.json) with fresh
         adapters per `cfg.adapter` (lora_A init from `seed`; -xs bases from the svd stage's folder)."""
         model_dir = Path(model_dir)
-        model_config = ModelConfig.load(model_dir / "model_config.json")
+        model_config = ModelConfig.load(model_dir / MODEL_CONFIG_FILE)
         dit, cond = load_dit(model_dir / DIT_FILE, model_config)
         mx.eval(dit.parameters(), cond.parameters())  # read the npz now: its lazy reads may outlive the stream
         prompts = PromptEncoder.from_converted(model_dir, cache=cache if cache is not None else PromptCache())

@@ -15,6 +15,7 @@ inside the graph) and reports `finite = False`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import mlx.core as mx
 import mlx.optimizers as optim
@@ -23,7 +24,7 @@ from sa3mlx.lora.checkpoint import lora_key
 from sa3mlx.lora.layers import AdaptedLayer
 from sa3mlx.models.conditioning import Conditioner
 from sa3mlx.models.dit import DiT
-from sa3mlx.runtime.precision import announce_compile
+from sa3mlx.runtime.precision import compile_notice
 from sa3mlx.train.objective import ObjectiveConfig, drop_cross_attention, local_add_cond, objective_loss, rectified_flow
 from sa3mlx.train.optim import accumulate, average, clip_grad_norm, global_norm
 
@@ -127,7 +128,7 @@ class StepCore:
             self._update = mx.compile(self._update_fn, inputs=state, outputs=state)
         else:
             self._fused, self._grads, self._update = self._fused_fn, self._grads_fn, self._update_fn
-        self._announced = not compile
+        self._compiled = compile
 
     def _grads_fn(self, batch: dict):
         (loss, _, _), grads = self._value_and_grad(self.values, batch)
@@ -151,15 +152,14 @@ class StepCore:
         return (loss, *self._update_fn(grads, mx.isfinite(loss)))
 
     def run(self, batches: list[dict]) -> tuple[mx.array, mx.array, mx.array, mx.array]:
-        if not self._announced:
-            announce_compile("the training step")
-            self._announced = True
+        notice = compile_notice("the training step", batches) if self._compiled else nullcontext()
         try:
-            if len(batches) == 1:
-                out = self._fused(batches[0])
-            else:
-                out = self._accumulated(batches)
-            mx.eval(out, self.values, self.optimizer.state)
+            with notice:
+                if len(batches) == 1:
+                    out = self._fused(batches[0])
+                else:
+                    out = self._accumulated(batches)
+                mx.eval(out, self.values, self.optimizer.state)
         finally:
             self.params.write(self.values)  # the traced call left placeholders in the layers
         return out
