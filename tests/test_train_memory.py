@@ -40,8 +40,11 @@ def test_the_model_in_numbers():
     L = 1000 + 64
     block = 4 * (M.ALPHA * L * 512 + M.BETA * 8 * L * L)
     assert M.block_activation_bytes(CFG, 1000) == pytest.approx(block)
-    assert est() == pytest.approx(WEIGHTS + 8 * block + M.OVERHEAD_BYTES)
-    assert est(ckpt=True) == pytest.approx(WEIGHTS + 8 * 4 * M.CKPT_KEPT * L * 512 + block + M.OVERHEAD_BYTES)
+    peak = 4 * M.BLOCK_PEAK_MAPS * 8 * L * L
+    assert M.backward_peak_bytes(CFG, 1000) == pytest.approx(peak)
+    assert est() == pytest.approx(WEIGHTS + 8 * block + peak + M.OVERHEAD_BYTES)
+    kept = 8 * 4 * M.CKPT_KEPT * L * 512
+    assert est(ckpt=True) == pytest.approx(WEIGHTS + kept + block + peak + M.OVERHEAD_BYTES)
     assert est(micro=3) - est(micro=1) == pytest.approx(2 * (est() - WEIGHTS - M.OVERHEAD_BYTES))
     differential = replace(CFG, differential=True)
     assert M.block_activation_bytes(differential, 1000) - block == pytest.approx(4 * M.BETA * 8 * L * L)

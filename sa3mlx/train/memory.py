@@ -7,7 +7,8 @@ the fits-or-says-so check.
 The model is `bench/memory.py`'s fit on the CPU (fp32): weights + what the backward keeps. Per
 DiT block and sample it keeps `4·(ALPHA·L·E + BETA·P·H·L²)` bytes (L = crop + memory tokens,
 P = 2 for differential attention); with checkpointing only `4·CKPT_KEPT·L·E` per block, plus
-one block recomputed in full. Activations scale with the micro-batch (batch / grad_accum).
+one block recomputed in full; either way the block in its backward holds `BLOCK_PEAK_MAPS` more
+L×L maps per head and pair. Activations scale with the micro-batch (batch / grad_accum).
 
 Rule for `grad_checkpoint: null`: on when the estimate without it exceeds the budget's usable
 share (`USABLE`), off otherwise (it costs one more forward per step).
@@ -34,6 +35,9 @@ GB = 1e9
 ALPHA = 71.0  # E-wide fp32 values kept per token per block for the backward (incl. the 4E feed-forward)
 BETA = 0.53  # L×L attention maps kept per head per block (MLX's attention backward recomputes most)
 CKPT_KEPT = 5.0  # E-wide values per token per checkpointed block (its input, the gradient flowing back)
+# the block whose backward runs also holds ~this many L×L maps per head (and attention pair) at once:
+# measured on medium at crop 4096 (bench/memory.py medium:2:4096:on, 12.3 GB); small shows less
+BLOCK_PEAK_MAPS = 2.8
 OVERHEAD_BYTES = int(0.46 * GB)  # the runtime, compile buffers, the batch (measured intercept)
 USABLE = 0.85  # share of the budget a run may plan to use (the OS, the data loader, fragmentation)
 MEMORY_ENV = "SA3MLX_MEMORY_GB"  # overrides the detected budget (e.g. a shared machine's share)
@@ -58,12 +62,20 @@ def block_activation_bytes(cfg: DiTConfig, crop: int) -> float:
     return 4.0 * (ALPHA * length * cfg.embed_dim + BETA * pairs * cfg.num_heads * length * length)
 
 
+def backward_peak_bytes(cfg: DiTConfig, crop: int) -> float:
+    """The attention maps one block's backward holds on top of what it keeps, per sample."""
+    length = crop + cfg.num_memory_tokens
+    pairs = 2 if cfg.differential else 1
+    return 4.0 * BLOCK_PEAK_MAPS * pairs * cfg.num_heads * length * length
+
+
 def activation_bytes(cfg: DiTConfig, shape: StepShape) -> float:
     per_block = block_activation_bytes(cfg, shape.crop)
+    peak = backward_peak_bytes(cfg, shape.crop)
     if shape.checkpoint:
         kept = 4.0 * CKPT_KEPT * (shape.crop + cfg.num_memory_tokens) * cfg.embed_dim
-        return shape.micro_batch * (cfg.depth * kept + per_block)
-    return shape.micro_batch * cfg.depth * per_block
+        return shape.micro_batch * (cfg.depth * kept + per_block + peak)
+    return shape.micro_batch * (cfg.depth * per_block + peak)
 
 
 def dit_parameter_count(cfg: DiTConfig) -> int:
