@@ -194,6 +194,8 @@ def main() -> None:
     if len(medium) >= 2:
         full = project(medium, SIZES["medium"].depth)
         print(describe(full, projected=True))
+        if full["peak_gb"] < max(r["peak_gb"] for r in medium):
+            print("warning: the projection falls below the measured points; measure at depths >= 2")
         key = f"medium_{args.medium_crop}_ckpt"
         result[f"{key}_projected_gb"] = round(full["peak_gb"], 3)
         result[f"{key}_projected_rss_gb"] = round(full["rss_gb"], 3)
