@@ -1,7 +1,7 @@
 """Peak memory and s/step of a LoRA training step at the real SA3 sizes, with and without gradient
 checkpointing, each case in its own process; and the fit of `sa3mlx/train/memory.py`'s model.
 
-    python bench/memory.py [--repeats 2] [--cases small:20:256:off ...] [--medium-depths 2 3]
+    python bench/memory.py [--repeats 2] [--cases small:20:256:off ...] [--medium-depths 2 4]
     python bench/memory.py --fit          # the estimator's constants from small blocks at d1/d2
 
 A case is `model:depth:crop:off|on` (model small = small-music, medium = E 1536 d24 24 heads
@@ -159,7 +159,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--cases", nargs="*", default=list(DEFAULT_CASES))
     # not depth 1: there the one block is also the recomputed one, which breaks the linear trend
-    parser.add_argument("--medium-depths", type=int, nargs="*", default=[2, 3])
+    parser.add_argument("--medium-depths", type=int, nargs="*", default=[2, 4])
     parser.add_argument("--medium-crop", type=int, default=4096)
     parser.add_argument("--fit", action="store_true", help="measure the estimator's constants instead")
     parser.add_argument("--child", help=argparse.SUPPRESS)
