@@ -10,6 +10,10 @@ the largest size is below 0.8.
 
 from __future__ import annotations
 
+import sa3mlx  # noqa: F401  (first: sets MLX's BLAS up before mlx is imported)
+
+# isort: split
+
 import argparse
 import json
 import os
@@ -17,8 +21,6 @@ import statistics
 import subprocess
 import sys
 import time
-
-import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
 
 # isort: split
 import mlx.core as mx

@@ -19,6 +19,10 @@ The tiny default is `models/tiny-base` converted into a temporary folder, traine
 
 from __future__ import annotations
 
+import sa3mlx  # noqa: F401  (first: sets MLX's BLAS up before mlx is imported)
+
+# isort: split
+
 import argparse
 import dataclasses
 import json
@@ -27,13 +31,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import sa3mlx  # noqa: F401  (BLAS set-up before mlx)
-
 # isort: split
 import mlx.core as mx
 import numpy as np
 from blas import mlx_gemm, spread  # bench/blas.py: the GEMM measurement, shared
 from dit import PROMPT_TOKENS, SIZES, matmul_flops  # bench/dit.py: the small-music config and FLOP count
+from mlx.utils import tree_map
 
 from sa3mlx.convert.model import convert_source
 from sa3mlx.lora.inject import inject_adapters
@@ -70,32 +73,48 @@ def random_batch(cfg, crop: int, objective: ObjectiveConfig, rng: np.random.Gene
     return {k: mx.array(v) for k, v in arrays.items()}
 
 
-def small_step(depth: int | None, crop: int, rank: int, materialize: bool, compile: bool, repeats: int) -> dict:
-    cfg = SIZES["small"] if depth is None else dataclasses.replace(SIZES["small"], depth=depth)
+def random_step(
+    cfg, crop: int, rank: int, materialize: bool, compile: bool, grad_checkpoint: bool = False, dtype=mx.float32
+) -> tuple[StepCore, dict, int]:
+    """(StepCore, batch, adapted layer count) of a random-weight DiT of `cfg` (base in `dtype`) with
+    the preset's adapters."""
     train = resolve(PRESET, {"adapter": {"rank": rank}, "mask_padding_attention": True})  # as shipped SA3 configs
     mx.random.seed(0)
     dit, cond = DiT(cfg), Conditioner(cfg.cond_token_dim)
+    dit.update(tree_map(lambda p: p.astype(dtype), dit.parameters()))
     cond.update({k: mx.random.normal(v.shape) * 0.02 for k, v in cond.parameters().items()})
     layers = inject_adapters(dit, cond, train.adapter, key=mx.random.key(0), materialize=materialize, announce=False)
+    dit.transformer.checkpoint_blocks = grad_checkpoint
     mx.eval(dit.parameters(), cond.parameters())
     objective = ObjectiveConfig.from_train_config(train)
     optimizer = make_adamw(AdamWConfig(train.lr, train.betas, train.eps, train.weight_decay))
     core = StepCore(dit, cond, layers, objective, optimizer, train.grad_clip, compile)
-    batch = random_batch(cfg, crop, objective, np.random.default_rng(0))
-    mx.reset_peak_memory()
+    return core, random_batch(cfg, crop, objective, np.random.default_rng(0)), len(layers)
+
+
+def time_steps(core: StepCore, batch: dict, repeats: int) -> tuple[float, list[float]]:
+    """(seconds of the first step, which compiles; seconds of each of `repeats` more)."""
     start = time.perf_counter()
-    core.run([batch])  # compiles on the first call
+    core.run([batch])
     first = time.perf_counter() - start
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         core.run([batch])
         times.append(time.perf_counter() - start)
+    return first, times
+
+
+def small_step(depth: int | None, crop: int, rank: int, materialize: bool, compile: bool, repeats: int) -> dict:
+    cfg = SIZES["small"] if depth is None else dataclasses.replace(SIZES["small"], depth=depth)
+    core, batch, layers = random_step(cfg, crop, rank, materialize, compile)
+    mx.reset_peak_memory()
+    first, times = time_steps(core, batch, repeats)
     linear, attention = matmul_flops(cfg, crop)
     step_s = spread(times)
     return {
         "depth": cfg.depth,
-        "layers": len(layers),
+        "layers": layers,
         "first_s": first,
         "step_s": step_s,
         "gflops": (2 * linear + 3 * attention) / step_s["median"] / 1e9,

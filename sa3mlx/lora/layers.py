@@ -125,7 +125,7 @@ class AdaptedLayer(nn.Module):
             return self.apply_with_bias(x, self.weight.astype(compute_dtype(self.weight.dtype)))
         if self.materialize or not self.has_fast_form():
             return self.apply_with_bias(x, self.effective_weight())
-        y = self.apply_unmaterialized(x)
+        y = self.apply_unmaterialized(x).astype(compute_dtype(self.weight.dtype))  # fp32 adapters: cast back
         return y + self.bias if "bias" in self else y
 
     def apply_with_bias(self, x: mx.array, weight: mx.array) -> mx.array:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
 
 from sa3mlx.models.config import DiTConfig
 from sa3mlx.models.dit_layers import RotaryEmbedding, TransformerBlock
@@ -43,6 +44,8 @@ class ContinuousTransformer(nn.Module):
             TransformerBlock(E, cfg.num_heads, cfg.ff_inner, cfg.local_add_cond_dim, cfg.differential)
             for _ in range(cfg.depth)
         ]
+        # gradient checkpointing: keep only each block's input for the backward, recompute the rest
+        self.checkpoint_blocks = False
 
     def __call__(
         self,
@@ -66,8 +69,11 @@ class ContinuousTransformer(nn.Module):
         if padding_mask is not None:
             memory_valid = mx.ones((B, self.num_memory_tokens), dtype=mx.bool_)
             key_mask = mx.concatenate([memory_valid, padding_mask.astype(mx.bool_)], axis=1)
+        run = _checkpointed if self.checkpoint_blocks else _plain
         for i, layer in enumerate(self.layers):
-            h = layer(h, context, adaln, rope, local_cond, key_mask)
+            # each block reads its own exact copy (x * 1) of the shared inputs, so their gradient is
+            # summed per block first whether or not the block is checkpointed: bit-identical both ways
+            h = run(layer, h, context * 1, adaln * 1, rope, local_cond, key_mask)
             _put(capture, **{f"block_{i}_out": h})
         out = self.project_out(h[:, self.num_memory_tokens :])
         _put(capture, project_out_out=out)
@@ -116,6 +122,37 @@ class DiT(nn.Module):
         out = self.transformer(h, context, g_proj + t_embed, local, capture, padding_mask)
         out = self.postprocess_conv(out) + out
         return out.transpose(0, 2, 1)
+
+
+def _plain(layer: TransformerBlock, *args) -> mx.array:
+    return layer(*args)
+
+
+def _checkpointed(layer: TransformerBlock, x, context, adaln, rope, local_cond, key_mask) -> mx.array:
+    """The block with its forward recomputed in the backward. Trainable tensors (the adapters), x,
+    context and adaln are the differentiated inputs; the rest are constants. The recompute waits
+    for the block's output gradient (`mx.depends`), so no block's internals are alive before the
+    backward reaches it (`mx.checkpoint` only waits for the forward). Same operations, same numbers."""
+    trainable = tree_flatten(layer.trainable_parameters())
+    names, values = [k for k, _ in trainable], [v for _, v in trainable]
+
+    def block(*arrays: mx.array) -> mx.array:
+        layer.update(tree_unflatten(list(zip(names, arrays[: len(names)]))))
+        return layer(*arrays[len(names) :], rope, local_cond, key_mask)
+
+    run = mx.custom_function(block)
+
+    @run.vjp
+    def recompute(primals, cotangent, output):
+        _, grads = mx.vjp(block, mx.depends(list(primals), [cotangent]), [cotangent])
+        # the gradients flowing on wait for this block's adapter gradients, so those are computed
+        # (and the recomputed activations freed) now, not at the end of the backward
+        params, inputs = grads[: len(names)], grads[len(names) :]
+        return (*params, *(mx.depends(inputs, params) if params else inputs))
+
+    out = run(*values, x, context, adaln)
+    layer.update(tree_unflatten(list(zip(names, values))))  # the traced call left its own copies in the layer
+    return out
 
 
 def _put(capture: dict | None, **values) -> None:

@@ -1,8 +1,12 @@
-"""The one device-precision policy: storage dtypes, compute dtypes, compile notice.
+"""The one device-precision policy: storage dtypes, compute dtypes, device set-up, compile notice.
 
-MLX's CPU matmul in fp16/bf16 is ~20x slower than fp32, so on the CPU device every
-computation runs in fp32 whatever the weights are stored in. GPUs compute in the
-storage dtype.
+- CPU: MLX's CPU matmul in fp16/bf16 is ~20x slower than fp32, so every computation runs in
+  fp32 whatever the weights are stored in.
+- GPU (Metal, CUDA): the frozen base computes in its storage dtype (fp16/bf16); adapters, their
+  gradients and the optimizer state stay fp32 (`sa3mlx.lora.layers`; underfit's mixed regime); an
+  adapted layer's output is cast back to the base's compute dtype so activations stay narrow.
+- Metal: the wired-memory limit is raised to the GPU's recommended working set, as SA3's
+  official MLX trainer and mlx-lm do (`configure_device`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,20 @@ def compute_dtype(storage: mx.Dtype) -> mx.Dtype:
     if on_cpu() and storage in (mx.float16, mx.bfloat16):
         return mx.float32
     return storage
+
+
+def configure_device() -> str:
+    """Set the default device up for training; a one-line description of it."""
+    device = mx.default_device()
+    if on_cpu():
+        return f"device: {device} (fp32 compute)"
+    info = mx.device_info()
+    name = info.get("device_name") or info.get("architecture") or "GPU"
+    if mx.metal.is_available():
+        limit = int(info["max_recommended_working_set_size"])
+        mx.set_wired_limit(limit)
+        return f"device: {device} {name} (Metal; wired limit {limit / 1e9:.1f} GB; base in its storage dtype)"
+    return f"device: {device} {name} (base in its storage dtype, fp32 adapters and optimizer)"
 
 
 def cpu_compile_cache() -> Path:

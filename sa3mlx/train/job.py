@@ -16,6 +16,7 @@ them reruns the stage, which resumes.
 from __future__ import annotations
 
 import re
+import sys
 import tempfile
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -40,6 +41,7 @@ from sa3mlx.runtime.layout import (
     svd_dir as svd_folder,
 )
 from sa3mlx.runtime.params import dvc_stages, fill_vars
+from sa3mlx.runtime.precision import configure_device
 from sa3mlx.runtime.schema import check_section, choice, flag, integer, mapping, text
 from sa3mlx.train import progress as P
 from sa3mlx.train.best import BestCheckpoint, BestSettings
@@ -47,6 +49,7 @@ from sa3mlx.train.demos import DemoSettings, TrainDemos
 from sa3mlx.train.distributed import DistributedSettings, World, make_loop, run_rank, sync_start
 from sa3mlx.train.guards import empty_prompt_lines
 from sa3mlx.train.loop import LoopSettings, TrainingLoop
+from sa3mlx.train.memory import plan_memory
 from sa3mlx.train.metrics import TrainingMetrics
 from sa3mlx.train.presets import DEFAULT_PRESET, PRESETS, TrainConfig, resolve
 from sa3mlx.train.resume import fingerprint, fingerprint_inputs, load_resume, prepare_run, resume_files
@@ -86,6 +89,7 @@ DEMO_DEPS = (
 )
 BEST_SUFFIX = "-best"  # models/lora/<name>-best.safetensors
 SMOKE_STEPS = (3, 3)  # steps before the save, steps after the resume
+MEMORY_EXIT = 4  # the step would not fit in memory (stopped before the first step)
 
 
 @dataclass
@@ -278,7 +282,10 @@ class TrainJob:
 
     def train(self, console: P.Console, world: World) -> int:
         """The run on rank 0 (the one that writes the outputs) or alone."""
-        session, loader = self.build()  # every input read (a damaged one refused) before the run is touched
+        cfg, memory_lines = self.fit_memory()  # fits, or says what would, before anything is built or touched
+        if cfg is None:
+            return MEMORY_EXIT
+        session, loader = self.build(cfg)  # every input read (a damaged one refused) before the run is touched
         if self.init_from:
             read_lora(self.root / self.init_from)
         self.validation_dataset()  # held-out files too
@@ -288,6 +295,7 @@ class TrainJob:
         choice, lines = prepare_run(run.root, key, payload)
         run.ensure_root()
         console.say([f"train: {self.describe()}", *lines])
+        P.emit(memory_lines, sys.stderr)
         partial = encoded_share(self.latents)
         if partial:
             console.say(f"train: {partial}")
@@ -309,6 +317,18 @@ class TrainJob:
             console.say("train: nothing was trained and the run has no checkpoint")
             return 1
         return result.exit_code
+
+    def fit_memory(self) -> tuple[TrainConfig | None, list[str]]:
+        """(the config with `grad_checkpoint` decided, the device and memory lines), or (None, lines)
+        after saying on stderr what would fit when the step's estimated peak exceeds this machine's
+        memory. Nothing is written: the run resumes. The caller prints the lines of a run that fits
+        on stderr (stdout is the dashboard's) once its inputs have been read."""
+        cfg, check = plan_memory(self.model_dir, self.cfg, self.cfg.crop_length(self.model_config().variant))
+        lines = [configure_device(), *check.lines()]
+        if not check.fits:
+            P.emit(lines, sys.stderr)
+            return None, lines
+        return cfg, lines
 
     def demo_callbacks(self, session, run: RunPaths, console: P.Console) -> list[TrainDemos]:
         """The in-training demos (none when `train.demos.every` is 0 or there are no entries)."""
@@ -388,7 +408,11 @@ class TrainJob:
         as the stage output; never touches runs/<name>/."""
         console = P.Console(out)
         before, after = SMOKE_STEPS
-        cfg = replace(self.cfg, max_steps=before, checkpoint_every=before, keep_last=None)
+        fitted, memory_lines = self.fit_memory()
+        if fitted is None:
+            return MEMORY_EXIT
+        P.emit(memory_lines, sys.stderr)
+        cfg = replace(fitted, max_steps=before, checkpoint_every=before, keep_last=None)
         console.say(f"smoke: {before} steps, save, resume in a fresh session, {after} more ({self.describe()})")
         with tempfile.TemporaryDirectory(prefix="sa3mlx-smoke-") as tmp:
             straight = self._smoke_loop(cfg, Path(tmp) / "a", console)

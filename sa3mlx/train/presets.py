@@ -38,8 +38,9 @@ from sa3mlx.train.timesteps import SAMPLERS, check_sampler
 DEFAULT_PRESET = "underfit-dashboard"
 LOSS_NORMALIZATIONS = ("none", "timestep", "sample", "sample_channel")
 CROP_BY_FAMILY = {"small": 1300, "medium": 4096}  # underfit's registry defaults, in latents
-# left out of the resume fingerprint: a longer run resumes; max_minutes counts only under WSD
-NOT_FINGERPRINTED = ("max_steps", "max_minutes")
+# left out of the resume fingerprint: a longer run resumes; max_minutes counts only under WSD;
+# grad_checkpoint changes memory, never numbers (a run stopped for memory resumes with it on)
+NOT_FINGERPRINTED = ("max_steps", "max_minutes", "grad_checkpoint")
 WEIGHT = number(0)  # each of betas and inpaint_mask_probabilities
 
 
@@ -75,6 +76,7 @@ class TrainConfig:
     max_minutes: float | None = field(default=None, metadata=spec(positive(optional=True)))  # `wsd`'s budget
     grad_clip: float | None = field(default=None, metadata=spec(number(0, optional=True)))
     grad_accum: int = field(default=1, metadata=spec(integer(1)))
+    grad_checkpoint: bool | None = None  # recompute each DiT block in the backward; None: sa3mlx.train.memory's rule
     # run length and saving
     max_steps: int = field(default=20000, metadata=spec(integer(1)))  # absolute global step target
     checkpoint_every: int = field(default=1000, metadata=spec(integer(1)))

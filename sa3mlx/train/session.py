@@ -79,6 +79,7 @@ class TrainingSession:
         if cfg.lr_schedule == "wsd":
             options["max_minutes"] = cfg.max_minutes
         self.schedule = make_schedule(cfg.lr_schedule, cfg.lr, options)
+        dit.transformer.checkpoint_blocks = bool(cfg.grad_checkpoint)  # None (undecided) = off
         self.core = StepCore(dit, cond, adapters, self.objective, self.optimizer, cfg.grad_clip, compile)
         self.share = (0, 1)  # (rank, ranks): this process's rows of each batch (sa3mlx/train/distributed.py)
         self.updates = 0  # optimizer steps applied (the schedule's k)
