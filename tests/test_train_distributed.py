@@ -193,6 +193,16 @@ def test_ranks_that_disagree_stop_with_a_clear_error(tmp_path):
     )
 
 
+def test_the_run_exit_code_is_the_failing_rank_s_not_the_sigterm_mlx_launch_sends_the_others():
+    term = 128 + signal.SIGTERM
+    assert D.run_exit_code([(1, D.EXIT_MISMATCH), (0, -signal.SIGTERM)]) == D.EXIT_MISMATCH  # 0: SIGTERMed
+    assert D.run_exit_code([(1, D.EXIT_MISMATCH), (0, None)]) == D.EXIT_MISMATCH
+    assert D.run_exit_code([(1, -signal.SIGKILL), (0, D.EXIT_PEER_LOST)]) == D.EXIT_PEER_LOST  # rank 0's own first
+    assert D.run_exit_code([(1, -signal.SIGKILL), (0, -signal.SIGTERM)]) == 128 + signal.SIGKILL
+    assert D.run_exit_code([(0, term), (1, 0)]) == term  # a SIGTERM to the run itself: the first report is a cause
+    assert D.run_exit_code([(1, 0), (0, 130)]) == 130 and D.run_exit_code([(0, 0), (1, 0)]) == 0
+
+
 def test_a_stalled_collective_ends_the_rank_in_bounded_time():
     code = (
         "import time; from sa3mlx.train.distributed import Watchdog; "
