@@ -33,6 +33,11 @@ from sa3mlx.train.runs import list_checkpoints
 HERE = Path(__file__).resolve().parent
 STEPS, EVERY = 10, 5
 DP = {"ranks": 2, "timeout": 300}  # a cold MLX kernel cache makes the first step slow
+# Not TINY_PARAMS' seed 5: its first step has a gradient element of ~7e-9 (about AdamW's eps, 1e-8) in
+# layers.1.cross_attn.to_q lora_B, where the update lr·g/(|g|+eps) turns fp32 rounding into ~5 % of lr,
+# so that tensor's 2-rank vs 1-rank PSNR after 10 steps is 87.7-94.3 dB by rounding luck (fast kernels
+# on/off) while seeds 1-4, 7, 8 give 111-125 dB on every tensor.
+DP_SEED = 2
 
 
 def scratch_folders() -> set:
@@ -40,7 +45,15 @@ def scratch_folders() -> set:
 
 
 def dp_params(name, **extra):
-    return {**TINY_PARAMS, "name": name, "max_steps": STEPS, "checkpoint_every": EVERY, "distributed": DP, **extra}
+    return {
+        **TINY_PARAMS,
+        "name": name,
+        "seed": DP_SEED,
+        "max_steps": STEPS,
+        "checkpoint_every": EVERY,
+        "distributed": DP,
+        **extra,
+    }
 
 
 def launch(project, params, **popen):
