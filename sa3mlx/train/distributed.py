@@ -173,10 +173,9 @@ def relaunch(settings: DistributedSettings, command: list[str], err=None) -> int
 def run_exit_code(reports: list[tuple[int, int | None]]) -> int:
     """The run's exit code from mlx.launch's (rank, exit code) reports in the order it made them
     (None: "was killed", by mlx.launch's SIGTERM; a negative code: ended by that signal, counted as
-    128 + signal). Once one
-    rank fails, mlx.launch sends SIGTERM to the ranks still running, so a SIGTERM exit or a kill
-    reported after a failure is its consequence, not a cause. Of the causes, rank 0's code counts
-    if it failed, else the first one's."""
+    128 + signal). Once one rank fails, mlx.launch sends SIGTERM to the ranks still running, so a
+    SIGTERM exit or a kill reported after a failure is its consequence, not a cause. Of the causes,
+    rank 0's code counts if it failed, else the first one's."""
     causes: dict[int, int] = {}
     for rank, code in reports:
         status = 128 + signal.SIGTERM if code is None else (128 - code if code < 0 else code)
