@@ -150,13 +150,13 @@ def launch_command(settings: DistributedSettings, command: list[str]) -> list[st
 
 def relaunch(settings: DistributedSettings, command: list[str], err=None) -> int:
     """Run `command` on every rank through mlx.launch; rank 0's stdout passes through. Returns the
-    run's exit code: rank 0's when it failed, else the first failing rank's (mlx.launch itself
-    exits 0 whatever its ranks did, so its per-rank reports on stderr are read here)."""
+    run's exit code (`run_exit_code` of mlx.launch's per-rank reports on stderr: mlx.launch itself
+    exits 0 whatever its ranks did)."""
     err = err or sys.stderr
     cmd = launch_command(settings, command)
     print(f"train: {settings.ranks} ranks via mlx.launch ({settings.backend})", flush=True)
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches every rank: they save and stop
-    codes: dict[int, int] = {}
+    reports: list[tuple[int, int | None]] = []
     try:
         with subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace") as p:
             for line in p.stderr:
@@ -164,14 +164,24 @@ def relaunch(settings: DistributedSettings, command: list[str], err=None) -> int
                 err.flush()
                 match = EXIT_RE.search(line)
                 if match:
-                    code = int(match.group(2)) if match.group(2) is not None else -signal.SIGKILL
-                    codes[int(match.group(1))] = 128 - code if code < 0 else code
+                    reports.append((int(match.group(1)), None if match.group(2) is None else int(match.group(2))))
     finally:
         signal.signal(signal.SIGINT, previous)
-    if p.returncode:
-        return p.returncode
-    failed = [code for _, code in sorted(codes.items()) if code]
-    return codes.get(0) or (failed[0] if failed else 0)
+    return p.returncode or run_exit_code(reports)
+
+
+def run_exit_code(reports: list[tuple[int, int | None]]) -> int:
+    """The run's exit code from mlx.launch's (rank, exit code) reports in the order it made them
+    (None: "was killed", by mlx.launch's SIGTERM; a negative code: ended by that signal, counted as
+    128 + signal). Once one rank fails, mlx.launch sends SIGTERM to the ranks still running, so a
+    SIGTERM exit or a kill reported after a failure is its consequence, not a cause. Of the causes,
+    rank 0's code counts if it failed, else the first one's."""
+    causes: dict[int, int] = {}
+    for rank, code in reports:
+        status = 128 + signal.SIGTERM if code is None else (128 - code if code < 0 else code)
+        if status and not (causes and status == 128 + signal.SIGTERM):
+            causes.setdefault(rank, status)
+    return causes.get(0) or next(iter(causes.values()), 0)
 
 
 # ---- the world --------------------------------------------------------------------------------------
