@@ -20,9 +20,9 @@ import argparse
 import dataclasses
 import json
 import statistics
-import time
 
 import mlx.core as mx
+from blas import repeat_seconds  # bench/blas.py: the shared timing
 from dit import PROMPT_TOKENS, SIZES  # bench/dit.py
 from memory import spawn  # bench/memory.py
 from mlx.utils import tree_map
@@ -32,17 +32,6 @@ from sa3mlx.models.dit import DiT
 from sa3mlx.runtime.precision import compute_dtype, configure_device
 
 STORAGE = mx.float16  # convert.dit_dtype's default
-
-
-def timed(fn, repeats: int) -> list[float]:
-    """Seconds of each call after a first (compiling, warming) one."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times
 
 
 def spread(times: list[float]) -> list[float]:
@@ -58,7 +47,7 @@ def forward(cfg, crop: int, dtype, repeats: int) -> list[float]:
     glob = mx.random.normal((1, cfg.global_cond_dim))
     local = mx.zeros((1, cfg.local_add_cond_dim, crop))
     mx.eval(dit.parameters(), x, cross, glob, local)
-    return timed(lambda: mx.eval(dit(x, mx.array([0.7]), cross, glob, local)), repeats)
+    return repeat_seconds(lambda: mx.eval(dit(x, mx.array([0.7]), cross, glob, local)), repeats)
 
 
 def main() -> None:
@@ -76,7 +65,7 @@ def main() -> None:
     print(f"small-music/d{cfg.depth} forward, crop {args.crop}: {1e3 * statistics.median(fwd):.0f} ms")
     mx.reset_peak_memory()
     core, batch, _ = random_step(cfg, args.crop, 16, False, True, grad_checkpoint=True, dtype=dtype)
-    step = timed(lambda: core.run([batch]), args.repeats)
+    step = repeat_seconds(lambda: core.run([batch]), args.repeats)
     peak = mx.get_peak_memory() / 1e9
     median = statistics.median(step)
     print(f"train step (dora-rows r16, checkpointed), crop {args.crop}: {median:.2f} s, peak {peak:.2f} GB")
