@@ -4,13 +4,15 @@ checkpointing, each case in its own process; and the fit of `sa3mlx/train/memory
     python bench/memory.py [--repeats 2] [--cases small:20:256:off ...] [--medium-depths 2 4]
     python bench/memory.py --fit          # the estimator's constants from small blocks at d1/d2
 
-A case is `model:depth:crop:off|on` (model small = small-music, medium = E 1536 d24 24 heads
-differential; random weights, batch 1, the bench/train.py step: dora-rows r16, dashboard
-objective, compiled). Per case: `mx.get_peak_memory`, the process's max RSS, s/step
+A case is `model:depth:crop:off|on[:stored]` (model small = small-music, medium = E 1536 d24 24
+heads differential; random weights, batch 1, the bench/train.py step: dora-rows r16, dashboard
+objective, compiled; `stored`: the frozen base kept in fp16 as dit.npz stores it, `train.base_dtype:
+stored`, else cast to fp32 at load). Per case: `mx.get_peak_memory`, the process's max RSS, s/step
 (min/median/max of the repeats after the compiling first step), % of the same process's fp32
 GEMM peak (the matmul FLOPs of the step; a checkpointed step's recompute not counted) and the
 estimate of sa3mlx.train.memory beside it. Medium at crop 4096 is measured at `--medium-depths`
-with checkpointing and projected linearly to depth 24 (marked "projected").
+with checkpointing and the base stored in fp16 (what the trainer's rule picks there: with the base
+in fp32 the step cannot fit 8 GB) and projected linearly to depth 24 (marked "projected").
 Targets (fp32 CPU): small crop 1300 checkpointed <= 6 GB; medium crop 4096 <= 8 GB projected;
 the crop-1300 step >= 40 % of the GEMM peak. Last line: RESULT {json}.
 """
@@ -34,7 +36,8 @@ from blas import mlx_gemm  # bench/blas.py
 from dit import SIZES, matmul_flops  # bench/dit.py
 from train import random_step, time_steps  # bench/train.py
 
-from sa3mlx.train.memory import GB, StepShape, dit_parameter_count, estimate_peak_bytes
+from sa3mlx.runtime.precision import STORED
+from sa3mlx.train.memory import GB, StepShape, base_weight_bytes, dit_parameter_count, estimate_peak_bytes
 
 TARGETS = {"small_1300_ckpt_peak_gb": 6.0, "medium_4096_ckpt_projected_gb": 8.0, "small_1300_pct_gemm": 40.0}
 DEFAULT_CASES = ("small:20:1300:on", "small:20:1300:off", "small:20:256:off", "small:20:256:on")
@@ -47,10 +50,10 @@ GEMM_N = 2048
 
 
 def parse_case(text: str) -> dict:
-    model, depth, crop, ckpt = text.split(":")
-    if model not in SIZES or ckpt not in ("on", "off"):
-        raise SystemExit(f"bad case '{text}': expected small|medium:DEPTH:CROP:on|off")
-    return {"model": model, "depth": int(depth), "crop": int(crop), "ckpt": ckpt == "on"}
+    model, depth, crop, ckpt, *base = text.split(":")
+    if model not in SIZES or ckpt not in ("on", "off") or base not in ([], ["stored"]):
+        raise SystemExit(f"bad case '{text}': expected small|medium:DEPTH:CROP:on|off[:stored]")
+    return {"model": model, "depth": int(depth), "crop": int(crop), "ckpt": ckpt == "on", "stored": bool(base)}
 
 
 def max_rss_bytes() -> int:
@@ -62,7 +65,8 @@ def run_case(case: dict, repeats: int) -> dict:
     """One case in this process (the child side)."""
     gemm = mlx_gemm(GEMM_N, 3)
     cfg = dataclasses.replace(SIZES[case["model"]], depth=case["depth"])
-    core, batch, _ = random_step(cfg, case["crop"], 16, materialize=False, compile=True, grad_checkpoint=case["ckpt"])
+    base = mx.float16 if case["stored"] else mx.float32
+    core, batch, _ = random_step(cfg, case["crop"], 16, False, True, grad_checkpoint=case["ckpt"], dtype=base)
     mx.reset_peak_memory()
     first, times = time_steps(core, batch, repeats)
     timed_first = not times  # --repeats 0: memory only; the one step's time includes the compile
@@ -74,18 +78,25 @@ def run_case(case: dict, repeats: int) -> dict:
     linear, attention = matmul_flops(cfg, case["crop"])
     median = statistics.median(times)
     shape = StepShape(case["crop"], 1, case["ckpt"])
+    weights = weight_bytes(cfg, case)
     return {
         **case,
         "peak_gb": peak / GB,
         "rss_gb": max_rss_bytes() / GB,
-        "estimate_gb": estimate_peak_bytes(cfg, shape, 4.0 * dit_parameter_count(cfg)) / GB,
-        "weights_gb": 4.0 * dit_parameter_count(cfg) / GB,
+        "estimate_gb": estimate_peak_bytes(cfg, shape, weights) / GB,
+        "weights_gb": weights / GB,
         "first_s": first,
         "step_s": [min(times), median, max(times)],
         "timed_first": timed_first,
         "gemm_gflops": gemm,
         "pct_gemm": 100.0 * (2 * linear + 3 * attention) / median / 1e9 / gemm,
     }
+
+
+def weight_bytes(cfg, case: dict) -> float:
+    """The DiT's weights during the step, as sa3mlx.train.memory counts them."""
+    compute = 4 * dit_parameter_count(cfg)
+    return base_weight_bytes(STORED if case["stored"] else "compute", case["ckpt"], compute, compute // 2)
 
 
 def spawn(case: str, repeats: int) -> dict:
@@ -104,6 +115,7 @@ def describe(row: dict, projected: bool = False) -> str:
     mark = " (projected)" if projected else " (one step, incl. the compile)" if row.get("timed_first") else ""
     return (
         f"{row['model']:<7}d{row['depth']:<3}crop {row['crop']:<5}ckpt {'on ' if row['ckpt'] else 'off'}  "
+        f"base {'fp16' if row.get('stored') else 'fp32'}  "
         f"peak {row['peak_gb']:6.2f} GB  rss {row.get('rss_gb', float('nan')):6.2f} GB  "
         f"estimate {row['estimate_gb']:6.2f} GB  s/step {lo:7.2f} / {mid:7.2f} / {hi:7.2f}  "
         f"{row.get('pct_gemm', float('nan')):4.0f}% GEMM{mark}"
@@ -130,7 +142,7 @@ def project(rows: list[dict], depth: int) -> dict:
     ]
     cfg = dataclasses.replace(SIZES[rows[0]["model"]], depth=depth)
     shape = StepShape(rows[0]["crop"], 1, rows[0]["ckpt"])
-    out["estimate_gb"] = estimate_peak_bytes(cfg, shape, 4.0 * dit_parameter_count(cfg)) / GB
+    out["estimate_gb"] = estimate_peak_bytes(cfg, shape, weight_bytes(cfg, rows[0])) / GB
     out.pop("pct_gemm", None)
     return out
 
@@ -188,7 +200,7 @@ def main() -> None:
         result[f"{key}_s_per_step"] = [round(s, 2) for s in row["step_s"]]
         if not row["timed_first"]:
             result[f"{key}_pct_gemm"] = round(row["pct_gemm"], 1)
-    medium = [spawn(f"medium:{d}:{args.medium_crop}:on", args.repeats) for d in args.medium_depths]
+    medium = [spawn(f"medium:{d}:{args.medium_crop}:on:stored", args.repeats) for d in args.medium_depths]
     for row in medium:
         print(describe(row), flush=True)
     if len(medium) >= 2:

@@ -36,11 +36,11 @@ import mlx.core as mx
 import numpy as np
 from blas import mlx_gemm, spread  # bench/blas.py: the GEMM measurement, shared
 from dit import PROMPT_TOKENS, SIZES, matmul_flops  # bench/dit.py: the small-music config and FLOP count
-from mlx.utils import tree_map
+from mlx.utils import tree_map_with_path
 
 from sa3mlx.convert.model import convert_source
 from sa3mlx.lora.inject import inject_adapters
-from sa3mlx.models.conditioning import Conditioner
+from sa3mlx.models.conditioning import FROZEN_FP32_SUFFIX, Conditioner
 from sa3mlx.models.dit import DiT
 from sa3mlx.runtime import kernels
 from sa3mlx.train.objective import ObjectiveConfig, random_inpaint_masks
@@ -81,7 +81,8 @@ def random_step(
     train = resolve(PRESET, {"adapter": {"rank": rank}, "mask_padding_attention": True})  # as shipped SA3 configs
     mx.random.seed(0)
     dit, cond = DiT(cfg), Conditioner(cfg.cond_token_dim)
-    dit.update(tree_map(lambda p: p.astype(dtype), dit.parameters()))
+    cast = lambda path, p: p if path.endswith(FROZEN_FP32_SUFFIX) else p.astype(dtype)  # as build_dit loads
+    dit.update(tree_map_with_path(cast, dit.parameters()))
     cond.update({k: mx.random.normal(v.shape) * 0.02 for k, v in cond.parameters().items()})
     layers = inject_adapters(dit, cond, train.adapter, key=mx.random.key(0), materialize=materialize, announce=False)
     dit.transformer.checkpoint_blocks = grad_checkpoint

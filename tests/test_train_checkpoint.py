@@ -14,6 +14,7 @@ from sa3mlx.convert.model import convert_source
 from sa3mlx.models.config import DiTConfig
 from sa3mlx.models.dit import DiT
 from sa3mlx.runtime import kernels
+from sa3mlx.runtime.precision import STORED
 from sa3mlx.train.job import TrainJob
 from sa3mlx.train.presets import resolve
 from sa3mlx.train.resume import resume_files
@@ -85,10 +86,12 @@ def tiny_model(tmp_path_factory):
     return folder
 
 
-def five_steps(folder, checkpoint: bool) -> TrainingSession:
-    cfg = resolve("underfit-dashboard", {"lr": 1e-3, "grad_checkpoint": checkpoint})
+def five_steps(folder, checkpoint: bool, base_dtype: str = "compute") -> TrainingSession:
+    cfg = resolve("underfit-dashboard", {"lr": 1e-3, "grad_checkpoint": checkpoint, "base_dtype": base_dtype})
     session = TrainingSession.build(folder, cfg, seed=3)  # compiled, as the trainer runs
     assert session.dit.transformer.checkpoint_blocks is checkpoint
+    stored = session.dit.transformer.layers[0].self_attn.to_out.weight.dtype
+    assert stored == (mx.float16 if base_dtype == STORED else mx.float32)
     rng = np.random.default_rng(0)
     batch = {
         "latents": rng.standard_normal((2, 16, 48)).astype(np.float32),
@@ -101,8 +104,10 @@ def five_steps(folder, checkpoint: bool) -> TrainingSession:
     return session
 
 
-def test_five_steps_with_and_without_checkpointing_are_bit_identical(tiny_model):
-    plain, ckpt = five_steps(tiny_model, False), five_steps(tiny_model, True)
+@pytest.mark.parametrize("base_dtype", ["compute", STORED])
+def test_five_steps_with_and_without_checkpointing_are_bit_identical(tiny_model, base_dtype):
+    """Checkpointing, and the fp16 base kept as dit.npz stores it, change memory, never numbers."""
+    plain, ckpt = five_steps(tiny_model, False), five_steps(tiny_model, True, base_dtype)
     a, b = plain.adapter_state(), ckpt.adapter_state()
     assert a.keys() == b.keys()
     assert [k for k in a if a[k].tobytes() != b[k].tobytes()] == []

@@ -204,8 +204,8 @@ class LoRAConv1d(AdaptedLayer):
 
 
 def _base_norms(w2: mx.array, axis: int) -> mx.array:
-    """Norms of the base weight as torch gives them (in the weight's dtype), kept as fp32."""
-    return mx.linalg.norm(w2.astype(mx.float32), axis=axis).astype(w2.dtype).astype(mx.float32)
+    """Norms of the base weight as torch gives them (in the dtype the base computes in), kept as fp32."""
+    return mx.linalg.norm(w2.astype(mx.float32), axis=axis).astype(compute_dtype(w2.dtype)).astype(mx.float32)
 
 
 def wrap(base: nn.Module, *args, **kwargs) -> AdaptedLayer:

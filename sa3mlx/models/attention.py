@@ -5,11 +5,11 @@
 On the CPU, for score tensors the fast kernels take (`runtime.kernels.fast_path`), the scores go
 through their softmax (MLX's CPU SDPA is this same unfused matmul-softmax-matmul, with a scalar
 exp); otherwise MLX's SDPA runs (fused on Metal/CUDA).
-When the [B, H, Lq, Lk] fp32 score tensor would exceed `chunk_bytes`, the queries run in
-chunks, each under `mx.checkpoint`: every query row's softmax is its own, so the result is
-the whole computation's. The forward holds one chunk's scores at a time; the backward
-recomputes them per chunk, but MLX's schedule overlaps the chunks, so its peak falls to about
-0.6x of the whole form's (tests/test_kernels.py), not to one chunk's.
+When the [B, H, Lq, Lk] fp32 score tensor would exceed `chunk_bytes`, the queries run in chunks
+of rows, forward and backward, one chunk after another: every query row's softmax is its own, so
+the forward is the whole computation's. The backward (flash-attention style, `_chunked_vjp`)
+recomputes each chunk's probabilities P from q, k and v and accumulates dK and dV over the chunks,
+so no [B, H, Lq, Lk] tensor is ever kept: a few chunks' worth of scores at a time.
 """
 
 from __future__ import annotations
@@ -29,22 +29,63 @@ def attention(
     rows = max(1, chunk_bytes // (4 * B * H * k.shape[2]))
     if rows >= Lq:
         return _attend(q, k, v, scale, mask)
-    chunked = mx.checkpoint(lambda q_, k_, v_, *m: _attend(q_, k_, v_, scale, m[0] if m else None))
-    outs = []
-    for start in range(0, Lq, rows):
-        rows_mask = () if mask is None else (_mask_rows(mask, start, start + rows),)
-        outs.append(chunked(q[:, :, start : start + rows], k, v, *rows_mask))
-    return mx.concatenate(outs, axis=2)
+    return _chunked(rows, scale, mask)(q, k, v)
 
 
-def _mask_rows(mask: mx.array, start: int, stop: int) -> mx.array:
-    return mask if mask.ndim < 2 or mask.shape[-2] == 1 else mask[..., start:stop, :]
+def _chunks(length: int, rows: int) -> list[tuple[int, int]]:
+    return [(start, min(start + rows, length)) for start in range(0, length, rows)]
+
+
+def _mask_rows(mask: mx.array | None, start: int, stop: int) -> mx.array | None:
+    if mask is None or mask.ndim < 2 or mask.shape[-2] == 1:
+        return mask
+    return mask[..., start:stop, :]
+
+
+def _probabilities(q: mx.array, k: mx.array, scale: float, mask: mx.array | None) -> mx.array:
+    """softmax of the (masked) scores, exactly as `_attend` computes them on the fast path."""
+    scores = (q * scale) @ k.swapaxes(-1, -2)  # the order of MLX's CPU SDPA: scale q first
+    if mask is not None:
+        scores = mx.where(mask, scores, mx.finfo(scores.dtype).min)
+    return kernels.softmax(scores)
 
 
 def _attend(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None) -> mx.array:
     if not kernels.fast_path(q, nbytes=4 * q.size // q.shape[-1] * k.shape[-2]):  # judged by the score tensor
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
-    scores = (q * scale) @ k.swapaxes(-1, -2)  # the order of MLX's CPU SDPA: scale q first
-    if mask is not None:
-        scores = mx.where(mask, scores, mx.finfo(scores.dtype).min)
-    return kernels.softmax(scores) @ v
+    return _probabilities(q, k, scale, mask) @ v
+
+
+def _chunked(rows: int, scale: float, mask: mx.array | None):
+    """attention(q, k, v) over query chunks of `rows`, with a backward that keeps no whole score tensor."""
+
+    @mx.custom_function
+    def run(q, k, v):
+        # each chunk waits for the one before, so only one chunk's scores are alive at a time
+        outs = []
+        for start, stop in _chunks(q.shape[2], rows):
+            q_rows = q[:, :, start:stop] if not outs else mx.depends(q[:, :, start:stop], outs[-1])
+            outs.append(_attend(q_rows, k, v, scale, _mask_rows(mask, start, stop)))
+        return mx.concatenate(outs, axis=2)
+
+    @run.vjp
+    def _chunked_vjp(primals, cotangent, output):
+        q, k, v = primals
+        dq, dk, dv = [], mx.zeros(k.shape, mx.float32), mx.zeros(v.shape, mx.float32)
+        for start, stop in _chunks(q.shape[2], rows):
+            # after the previous chunk, dq included (else every chunk's ds waits for the final concatenate)
+            q_rows = mx.depends(q[:, :, start:stop], [dk, dv, *dq[-1:]])
+            rows_mask = _mask_rows(mask, start, stop)
+            p = _probabilities(q_rows, k, scale, rows_mask)
+            d_out = cotangent[:, :, start:stop]
+            dv = dv + p.swapaxes(-1, -2) @ d_out
+            dp = d_out @ v.swapaxes(-1, -2)
+            ds = p * dp
+            ds = ds - p * mx.sum(ds, axis=-1, keepdims=True)  # the softmax VJP, as MLX's: s·g - s·Σ(s·g)
+            if rows_mask is not None:
+                ds = mx.where(rows_mask, ds, 0.0)
+            dq.append((ds @ k) * scale)
+            dk = dk + ds.swapaxes(-1, -2) @ (q_rows * scale)
+        return mx.concatenate(dq, axis=2).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+    return run

@@ -23,7 +23,7 @@ from sa3mlx.models.dit import DiT
 from sa3mlx.models.fourier import expo_fourier_features, expo_frequencies
 from sa3mlx.runtime.artifacts import load_mlx_arrays
 from sa3mlx.runtime.layout import MODEL_CONFIG_FILE, SECONDS_FEATURES
-from sa3mlx.runtime.precision import compute_dtype
+from sa3mlx.runtime.precision import STORED, compute_dtype
 
 COND_PREFIX = "cond."  # conditioner keys in dit.npz
 FROZEN_FP32_SUFFIX = "inv_freq"  # RoPE buffers stay fp32 whatever the compute dtype
@@ -68,7 +68,7 @@ class Conditioner(nn.Module):
 
     def seconds_embedding(self, seconds) -> mx.array:
         """[K] seconds -> [K, 1, cond_dim]."""
-        features = self.seconds_features(seconds).astype(self.seconds_total_weight.dtype)
+        features = self.seconds_features(seconds).astype(compute_dtype(self.seconds_total_weight.dtype))
         if "seconds_linear" in self:
             return self.seconds_linear(features)[:, None, :]
         return (features @ self.seconds_total_weight.T + self.seconds_total_bias)[:, None, :]
@@ -126,12 +126,14 @@ def split_dit_arrays(arrays: dict) -> tuple[dict, dict]:
 
 
 def build_dit(
-    arrays: dict, config: DiTConfig, conditioner: Conditioner, dtype: mx.Dtype | None = None
+    arrays: dict, config: DiTConfig, conditioner: Conditioner, dtype: mx.Dtype | str | None = None
 ) -> tuple[DiT, Conditioner]:
-    """Load dit.npz-style arrays (mx or numpy) strictly: every key consumed, none missing, shapes equal."""
+    """Load dit.npz-style arrays (mx or numpy) strictly: every key consumed, none missing, shapes equal.
+    dtype None: the device's compute dtype for the stored one; STORED: as stored (each op computes in
+    the compute dtype all the same: the same numbers in less memory)."""
     dit_arrays, cond_arrays = split_dit_arrays({k: mx.array(v) for k, v in arrays.items()})
     storage = next(v.dtype for k, v in dit_arrays.items() if not k.endswith(FROZEN_FP32_SUFFIX))
-    target = dtype or compute_dtype(storage)
+    target = storage if dtype == STORED else dtype or compute_dtype(storage)
 
     def cast(key: str, value: mx.array) -> mx.array:
         if key.endswith(FROZEN_FP32_SUFFIX):
@@ -148,11 +150,11 @@ def build_dit(
 
 
 def load_dit(
-    path: str | Path, config: ModelConfig | None = None, dtype: mx.Dtype | None = None
+    path: str | Path, config: ModelConfig | None = None, dtype: mx.Dtype | str | None = None
 ) -> tuple[DiT, Conditioner]:
     """A converted dit.npz -> (DiT, Conditioner), sizes from `config` or the model_config.json beside it.
 
-    dtype None = the device's compute dtype for the stored dtype (fp32 on the CPU).
+    dtype None = the device's compute dtype for the stored dtype (fp32 on the CPU); STORED: as stored.
     """
     path = Path(path)
     if config is None:

@@ -18,7 +18,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from sa3mlx.models.config import DiTConfig
 from sa3mlx.models.dit_layers import RotaryEmbedding, TransformerBlock
 from sa3mlx.models.fourier import expo_fourier_features, expo_frequencies
-from sa3mlx.runtime.precision import compile_notice
+from sa3mlx.runtime.precision import compile_notice, compute_dtype
 
 
 def _mlp(in_dim: int, dim: int, bias: bool) -> list:
@@ -95,7 +95,8 @@ class DiT(nn.Module):
 
     @property
     def dtype(self) -> mx.Dtype:
-        return self.transformer.project_in.weight.dtype
+        """The dtype the DiT computes in (fp32 on the CPU even for a base kept in fp16)."""
+        return compute_dtype(self.transformer.project_in.weight.dtype)
 
     def __call__(
         self,

@@ -28,7 +28,7 @@ from sa3mlx.models.config import DiTConfig, ModelConfig
 from sa3mlx.runtime.artifacts import verify_listed
 from sa3mlx.runtime.errors import reading
 from sa3mlx.runtime.layout import DIT_FILE, MODEL_CONFIG_FILE, T5GEMMA_FILE
-from sa3mlx.runtime.precision import on_cpu
+from sa3mlx.runtime.precision import STORED, on_cpu
 from sa3mlx.train.presets import TrainConfig
 
 GB = 1e9
@@ -216,21 +216,52 @@ def check_memory(
     return MemoryCheck(shape, need, budget, source, options)
 
 
-def model_weight_bytes(model_dir: str | Path) -> int:
-    """The converted DiT + conditioner and the prompt encoder as loaded (fp32 floats on the CPU)."""
+def model_weight_bytes(model_dir: str | Path, base_dtype: str = "compute") -> int:
+    """The converted DiT + conditioner and the prompt encoder as loaded: fp32 floats on the CPU, or the
+    DiT as dit.npz stores it (`base_dtype` "stored"; the prompt encoder stays in its compute dtype)."""
     float_bytes = 4 if on_cpu() else None
-    files = ((DIT_FILE, "DiT weights"), (T5GEMMA_FILE, "T5Gemma weights"))
-    return sum(loaded_npz_bytes(Path(model_dir) / name, float_bytes, what) for name, what in files)
+    dit_bytes = None if base_dtype == STORED else float_bytes
+    folder = Path(model_dir)
+    return loaded_npz_bytes(folder / DIT_FILE, dit_bytes, "DiT weights") + loaded_npz_bytes(
+        folder / T5GEMMA_FILE, float_bytes, "T5Gemma weights"
+    )
+
+
+def base_weight_bytes(base_dtype: str, checkpoint: bool, compute: int, stored: int) -> int:
+    """What the weights take during a step. A stored (fp16) base saves only with checkpointing: without
+    it, the fp32 copy each op computes with is kept for the backward too."""
+    if base_dtype != STORED or not on_cpu():
+        return compute
+    return stored if checkpoint else stored + compute
+
+
+def choose_base_dtype(cfg: DiTConfig, shape: StepShape, compute: int, budget: float) -> str:
+    """The `base_dtype: null` rule: on the CPU, stored iff the checkpointed step would not fit with the
+    base cast to fp32 at load (the stored form makes each op cast its weights: slower)."""
+    if not on_cpu():
+        return STORED  # GPUs compute in the stored dtype: the two are one
+    tight = shape.checkpoint and estimate_peak_bytes(cfg, shape, compute) > USABLE * budget
+    return STORED if tight else "compute"
 
 
 def plan_memory(model_dir: str | Path, cfg: TrainConfig, crop: int) -> tuple[TrainConfig, MemoryCheck]:
-    """(cfg with grad_checkpoint decided by the rule when null, the memory check of that step)."""
+    """(cfg with grad_checkpoint and base_dtype decided by the rules when null, the memory check of that step)."""
     dit = ModelConfig.load(Path(model_dir) / MODEL_CONFIG_FILE).dit
-    weights = model_weight_bytes(model_dir)
+    compute = model_weight_bytes(model_dir)
     micro = max(1, cfg.batch_size // cfg.grad_accum)
     budget = memory_budget()
     checkpoint = cfg.grad_checkpoint
     if checkpoint is None:
-        checkpoint = choose_checkpoint(dit, StepShape(crop, micro, False), weights, budget[0])
+        checkpoint = choose_checkpoint(dit, StepShape(crop, micro, False), compute, budget[0])
     shape = StepShape(crop, micro, checkpoint)
-    return replace(cfg, grad_checkpoint=checkpoint), check_memory(dit, shape, weights, cfg.batch_size, budget)
+    base = cfg.base_dtype or choose_base_dtype(dit, shape, compute, budget[0])
+    stored = model_weight_bytes(model_dir, STORED)
+    check = check_memory(dit, shape, base_weight_bytes(base, checkpoint, compute, stored), cfg.batch_size, budget)
+    if (
+        not check.fits
+        and base != STORED
+        and checkpoint
+        and estimate_peak_bytes(dit, shape, stored) <= USABLE * budget[0]
+    ):
+        check.options.insert(0, "train.base_dtype: stored (the fp16 base as dit.npz stores it: same numbers, slower)")
+    return replace(cfg, grad_checkpoint=checkpoint, base_dtype=base), check

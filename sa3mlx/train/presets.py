@@ -39,8 +39,11 @@ DEFAULT_PRESET = "underfit-dashboard"
 LOSS_NORMALIZATIONS = ("none", "timestep", "sample", "sample_channel")
 CROP_BY_FAMILY = {"small": 1300, "medium": 4096}  # underfit's registry defaults, in latents
 # left out of the resume fingerprint: a longer run resumes; max_minutes counts only under WSD;
-# grad_checkpoint changes memory, never numbers (a run stopped for memory resumes with it on)
-NOT_FINGERPRINTED = ("max_steps", "max_minutes", "grad_checkpoint")
+# grad_checkpoint and base_dtype change memory, never numbers (a run stopped for memory resumes with them on)
+NOT_FINGERPRINTED = ("max_steps", "max_minutes", "grad_checkpoint", "base_dtype")
+# the frozen base in memory: as dit.npz stores it (fp16; every op still computes in fp32 on the CPU) or
+# cast once to the compute dtype at load; the same numbers either way (sa3mlx/models/conditioning.py)
+BASE_DTYPES = ("stored", "compute")
 WEIGHT = number(0)  # each of betas and inpaint_mask_probabilities
 
 
@@ -77,6 +80,7 @@ class TrainConfig:
     grad_clip: float | None = field(default=None, metadata=spec(number(0, optional=True)))
     grad_accum: int = field(default=1, metadata=spec(integer(1)))
     grad_checkpoint: bool | None = None  # recompute each DiT block in the backward; None: sa3mlx.train.memory's rule
+    base_dtype: str | None = field(default=None, metadata=spec(choice(BASE_DTYPES, optional=True)))  # None: the rule
     # run length and saving
     max_steps: int = field(default=20000, metadata=spec(integer(1)))  # absolute global step target
     checkpoint_every: int = field(default=1000, metadata=spec(integer(1)))

@@ -29,6 +29,7 @@ from sa3mlx.models.dit import DiT
 from sa3mlx.models.prompt import PromptEncoder
 from sa3mlx.models.prompt_cache import PromptCache
 from sa3mlx.runtime.layout import DIT_FILE, MODEL_CONFIG_FILE
+from sa3mlx.runtime.precision import STORED
 from sa3mlx.sample.shifts import make_shift
 from sa3mlx.train.objective import ObjectiveConfig, draw_cfg_dropout, draw_noise, random_inpaint_masks
 from sa3mlx.train.optim import AdamWConfig, load_optimizer_state, make_adamw, make_schedule, optimizer_state_dict
@@ -100,7 +101,7 @@ class TrainingSession:
         adapters per `cfg.adapter` (lora_A init from `seed`; -xs bases from the svd stage's folder)."""
         model_dir = Path(model_dir)
         model_config = ModelConfig.load(model_dir / MODEL_CONFIG_FILE)
-        dit, cond = load_dit(model_dir / DIT_FILE, model_config)
+        dit, cond = load_dit(model_dir / DIT_FILE, model_config, STORED if cfg.base_dtype == STORED else None)
         mx.eval(dit.parameters(), cond.parameters())  # read the npz now: its lazy reads may outlive the stream
         prompts = PromptEncoder.from_converted(model_dir, cache=cache if cache is not None else PromptCache())
         bases = read_bases(svd_dir) if svd_dir is not None else None
