@@ -50,6 +50,7 @@ from sa3mlx.train import progress as P
 from sa3mlx.train.loop import LoopSettings, TrainingLoop
 from sa3mlx.train.resume import ResumeState, load_resume, resume_files, save_resume
 from sa3mlx.train.runs import RunPaths
+from sa3mlx.train.step import keep_local
 
 BACKENDS = ("ring", "mpi", "nccl", "jaccl", "jaccl-ring")
 RANKS_ENV = "SA3MLX_RANKS"  # set by `relaunch` for every rank: the world size it expects
@@ -209,15 +210,16 @@ class World:
     def writer(self) -> bool:
         return self.rank == 0
 
-    def average(self, loss: mx.array, grads: dict) -> tuple[mx.array, dict]:
-        """The mean loss and gradients over the ranks (each rank's share has the same size), as one
-        all_sum of one flat buffer: one round of messages per step, and no reliance on several
-        collectives of one compiled graph being scheduled in the same order on every rank."""
+    def average(self, loss: mx.array, grads: dict, count: int) -> tuple[mx.array, dict]:
+        """The mean loss and gradients over every rank's `count` micro-batches, from each rank's sums:
+        one all_sum of one flat buffer (one round of messages per step, and no reliance on several
+        collectives of one compiled graph being scheduled in the same order on every rank), then one
+        division by ranks x count, as a 1-rank run with that many micro-batches divides its sum."""
         if self.size == 1:
-            return loss, grads
+            return keep_local(loss, grads, count)
         keys = list(grads)
         parts = [loss.astype(mx.float32).reshape(1)] + [grads[k].reshape(-1) for k in keys]
-        total = mx.distributed.all_sum(mx.concatenate(parts), group=self.group) / self.size
+        total = mx.distributed.all_sum(mx.concatenate(parts), group=self.group) / (self.size * count)
         ends = np.cumsum([p.size for p in parts]).tolist()
         pieces = [total[start:end] for start, end in zip([0, *ends[:-1]], ends)]
         averaged = {k: piece.reshape(grads[k].shape).astype(grads[k].dtype) for k, piece in zip(keys, pieces[1:])}
