@@ -6,12 +6,14 @@
     world = World.current(settings)      # inside each rank: rank, size, group (size 1 when not launched)
 
 - `batch_size` is the global batch. Every rank walks the same sampler (same seed, same order) and
-  replays the host random draws of the whole batch, then keeps its contiguous share of the rows of
-  each (micro-)batch (`TrainingSession.share`): together the ranks compute exactly the samples,
-  noise and timesteps of the 1-rank run.
+  replays the host random draws of the whole batch, then takes its blocks of the batch's
+  ranks x grad_accum micro-batches (`TrainingSession.micro_batches`, `share`): together the ranks
+  compute exactly the samples, noise and timesteps of the 1-rank run.
 - The loss and gradients are averaged across ranks once per optimizer step, after gradient
-  accumulation and before clipping (`StepCore.reduce` = `World.average`), inside the compiled step,
-  as one `all_sum` of one flat buffer.
+  accumulation and before clipping (`StepCore.reduce` = `World.average`): each rank's sums in one
+  `all_sum` of one flat buffer (inside the compiled step without accumulation), then one division
+  by ranks x grad_accum. So W ranks compute bit for bit what 1 rank with grad_accum W does when the
+  ring's sum of W values is the 1-rank running sum (W = 2: a + b; tested).
 - Decisions that depend on one process (SAVE_NOW / signals, the time budget's clock, the WSD
   plan) are agreed once per step with one small `all_sum`; rank 0's clock counts.
 - Rank 0 alone writes outputs; the others keep a scratch run folder outside the workspace (removed
