@@ -74,7 +74,7 @@ def step_seconds(world: World, depth: int, crop: int, rank: int, repeats: int) -
     objective = ObjectiveConfig.from_train_config(train)
     optimizer = make_adamw(AdamWConfig(train.lr, train.betas, train.eps, train.weight_decay))
     core = StepCore(dit, cond, layers, objective, optimizer, train.grad_clip, True)
-    core.reduce = lambda loss, grads: (loss, grads)  # compute only: the all-reduce is timed on its own
+    core.reduce = lambda loss, grads, count: (loss, grads)  # compute only: the all-reduce is timed on its own
     batch = random_batch(cfg, crop, objective, np.random.default_rng(world.rank))
     core.run([batch])  # compile
     times = []
@@ -103,7 +103,7 @@ def allreduce_seconds(world: World, params: int, repeats: int) -> list[float]:
     for _ in range(repeats + 1):
         world.sum([0.0])
         start = time.perf_counter()
-        mx.eval(world.average(loss, grads))
+        mx.eval(world.average(loss, grads, 1))
         times.append(time.perf_counter() - start)
     return times[1:]  # the first call sets up the buffers
 

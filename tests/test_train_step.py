@@ -123,10 +123,12 @@ def test_non_finite_loss_skips_the_update(tiny_model):
 def test_gradient_accumulation_equals_the_whole_batch(tiny_model):
     # a large Adam eps keeps the first update linear in the gradient (else ±lr wherever g ≈ 0)
     whole, split = session(tiny_model, eps=10.0), session(tiny_model, eps=10.0, grad_accum=2)
-    prepared = whole.prepare(make_batch(), np.random.default_rng(0))
-    halves = [{k: v[i : i + 1] for k, v in prepared.arrays.items()} for i in range(2)]
+    prepared = whole.prepare(make_batch(), np.random.default_rng(0))  # the draws of the whole batch
+    [one], halves = whole.micro_batches(prepared), split.micro_batches(prepared)
+    assert [h["x0"].shape[0] for h in halves] == [1, 1]
+    assert np.array_equal(np.concatenate([np.array(h["noise"]) for h in halves]), np.array(one["noise"]))
     whole.optimizer.learning_rate = split.optimizer.learning_rate = 1e-3
-    loss_a, norm_a, _, _ = whole.core.run([prepared.arrays])
+    loss_a, norm_a, _, _ = whole.core.run([one])
     loss_b, norm_b, _, _ = split.core.run(halves)
     assert np.isclose(loss_a.item(), loss_b.item(), rtol=1e-5) and np.isclose(norm_a.item(), norm_b.item(), rtol=1e-4)
     for key, value in whole.adapter_state().items():

@@ -6,12 +6,14 @@
     world = World.current(settings)      # inside each rank: rank, size, group (size 1 when not launched)
 
 - `batch_size` is the global batch. Every rank walks the same sampler (same seed, same order) and
-  replays the host random draws of the whole batch, then keeps its contiguous share of the rows of
-  each (micro-)batch (`TrainingSession.share`): together the ranks compute exactly the samples,
-  noise and timesteps of the 1-rank run.
+  replays the host random draws of the whole batch, then takes its blocks of the batch's
+  ranks x grad_accum micro-batches (`TrainingSession.micro_batches`, `share`): together the ranks
+  compute exactly the samples, noise and timesteps of the 1-rank run.
 - The loss and gradients are averaged across ranks once per optimizer step, after gradient
-  accumulation and before clipping (`StepCore.reduce` = `World.average`), inside the compiled step,
-  as one `all_sum` of one flat buffer.
+  accumulation and before clipping (`StepCore.reduce` = `World.average`): each rank's sums in one
+  `all_sum` of one flat buffer (inside the compiled step without accumulation), then one division
+  by ranks x grad_accum. So W ranks compute bit for bit what 1 rank with grad_accum W does when the
+  ring's sum of W values is the 1-rank running sum (W = 2: a + b; tested).
 - Decisions that depend on one process (SAVE_NOW / signals, the time budget's clock, the WSD
   plan) are agreed once per step with one small `all_sum`; rank 0's clock counts.
 - Rank 0 alone writes outputs; the others keep a scratch run folder outside the workspace (removed
@@ -50,6 +52,7 @@ from sa3mlx.train import progress as P
 from sa3mlx.train.loop import LoopSettings, TrainingLoop
 from sa3mlx.train.resume import ResumeState, load_resume, resume_files, save_resume
 from sa3mlx.train.runs import RunPaths
+from sa3mlx.train.step import keep_local
 
 BACKENDS = ("ring", "mpi", "nccl", "jaccl", "jaccl-ring")
 RANKS_ENV = "SA3MLX_RANKS"  # set by `relaunch` for every rank: the world size it expects
@@ -209,15 +212,16 @@ class World:
     def writer(self) -> bool:
         return self.rank == 0
 
-    def average(self, loss: mx.array, grads: dict) -> tuple[mx.array, dict]:
-        """The mean loss and gradients over the ranks (each rank's share has the same size), as one
-        all_sum of one flat buffer: one round of messages per step, and no reliance on several
-        collectives of one compiled graph being scheduled in the same order on every rank."""
+    def average(self, loss: mx.array, grads: dict, count: int) -> tuple[mx.array, dict]:
+        """The mean loss and gradients over every rank's `count` micro-batches, from each rank's sums:
+        one all_sum of one flat buffer (one round of messages per step, and no reliance on several
+        collectives of one compiled graph being scheduled in the same order on every rank), then one
+        division by ranks x count, as a 1-rank run with that many micro-batches divides its sum."""
         if self.size == 1:
-            return loss, grads
+            return keep_local(loss, grads, count)
         keys = list(grads)
         parts = [loss.astype(mx.float32).reshape(1)] + [grads[k].reshape(-1) for k in keys]
-        total = mx.distributed.all_sum(mx.concatenate(parts), group=self.group) / self.size
+        total = mx.distributed.all_sum(mx.concatenate(parts), group=self.group) / (self.size * count)
         ends = np.cumsum([p.size for p in parts]).tolist()
         pieces = [total[start:end] for start, end in zip([0, *ends[:-1]], ends)]
         averaged = {k: piece.reshape(grads[k].shape).astype(grads[k].dtype) for k, piece in zip(keys, pieces[1:])}

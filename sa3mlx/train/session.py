@@ -6,9 +6,10 @@
     state = session.state_dict()          # optimizer moments, schedule, counters, fp32 adapters
     session.load_state_dict(state)        # continues bit-exactly (CPU)
 
-Per step, on the host from `rng` in this order: timesteps (sampler draws, then the training
-shift with per-sample effective lengths when configured), noise, CFG dropout flags, inpainting
-masks; prompts go through the prompt-embedding cache. The device part is `StepCore`.
+Per step, on the host from `rng` in this order, for the whole batch: timesteps (sampler draws, then
+the training shift with per-sample effective lengths when configured), noise, CFG dropout flags,
+inpainting masks; only then is the batch cut into micro-batches (grad_accum, and ranks in a
+data-parallel run), whose prompts go through the prompt-embedding cache. The device part is `StepCore`.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ class StepOutput:
 
 @dataclass
 class Prepared:
-    arrays: dict  # the StepCore batch (mx arrays)
+    arrays: dict  # the StepCore batch fields but the prompt embeddings, every row (numpy)
+    prompts: list[str]  # every row's prompt
     t: np.ndarray  # shifted timesteps [B]
 
 
@@ -82,7 +84,7 @@ class TrainingSession:
         self.schedule = make_schedule(cfg.lr_schedule, cfg.lr, options)
         dit.transformer.checkpoint_blocks = bool(cfg.grad_checkpoint)  # None (undecided) = off
         self.core = StepCore(dit, cond, adapters, self.objective, self.optimizer, cfg.grad_clip, compile)
-        self.share = (0, 1)  # (rank, ranks): this process's rows of each batch (sa3mlx/train/distributed.py)
+        self.share = (0, 1)  # (rank, ranks): this process's micro-batches of each batch (`micro_batches`)
         self.updates = 0  # optimizer steps applied (the schedule's k)
         self.skipped = 0  # steps skipped for a non-finite loss or gradient
 
@@ -113,11 +115,11 @@ class TrainingSession:
     # ---- one step --------------------------------------------------------------------------
 
     def prepare(self, batch, rng: np.random.Generator) -> Prepared:
-        """Host draws and prompt embeddings of one (micro-)batch, as StepCore arrays (this rank's rows; `t`: all)."""
+        """Host draws of the whole (global) batch, in a plain 1-rank run's order, however the batch is
+        then split: every rank and every micro-batch sees the rows' draws of the unsplit batch."""
         x0 = np.asarray(_field(batch, "latents"), np.float32)
         padding = np.asarray(_field(batch, "padding_mask"), bool)
         seconds = np.asarray(_field(batch, "seconds_total"), np.float64)
-        prompts = list(_field(batch, "prompts"))
         size, _, length = x0.shape
         raw_t = sample_timesteps(self.cfg.timestep_sampler, size, rng, self.cfg.timestep_sampler_options)
         seq_len = schedule_seq_len(
@@ -140,39 +142,39 @@ class TrainingSession:
             arrays["inpaint_mask"] = random_inpaint_masks(
                 rng, padding, self.objective.inpaint_mask_probabilities, mask_padding=self.objective.dit_padding_mask
             )
-        # every rank draws for the whole (micro-)batch, then keeps its rows (a 1-rank run's draws)
-        rank, ranks = self.share
-        rows = slice(rank * size // ranks, (rank + 1) * size // ranks)
-        prepared = {k: mx.array(v[rows]) for k, v in arrays.items()}
-        prepared["prompt_hidden"], prepared["prompt_mask"] = self.prompts(prompts[rows])
-        return Prepared(prepared, t)
+        return Prepared(arrays, list(_field(batch, "prompts")), t)
 
-    def micro_batches(self, batch) -> list:
-        """A list/tuple of batches as given; one batch split into `grad_accum` equal parts."""
-        if isinstance(batch, (list, tuple)):
-            return list(batch)
-        parts = int(self.cfg.grad_accum)
-        if parts == 1:
-            return [batch]
-        size = len(_field(batch, "prompts"))
-        if size % parts:
-            raise ValueError(f"batch of {size} does not split into grad_accum={parts} equal micro-batches")
-        step = size // parts
-        names = ("latents", "padding_mask", "seconds_total", "prompts")
-        return [{n: _field(batch, n)[i * step : (i + 1) * step] for n in names} for i in range(parts)]
+    def micro_batches(self, prepared: Prepared) -> list[dict]:
+        """This process's StepCore micro-batches of a prepared batch: the batch is cut into ranks x
+        grad_accum equal blocks of consecutive rows; rank r takes blocks r·grad_accum ... (r+1)·grad_accum − 1.
+        So a run on W ranks computes exactly the micro-batches of a 1-rank run with grad_accum W."""
+        rank, ranks = self.share
+        accum = int(self.cfg.grad_accum)
+        size = len(prepared.prompts)
+        if size % (ranks * accum):
+            split = f"{ranks} ranks x grad_accum={accum}" if ranks > 1 else f"grad_accum={accum}"
+            raise ValueError(f"batch of {size} does not split into {split} equal micro-batches")
+        rows = size // (ranks * accum)
+        parts = []
+        for block in range(rank * accum, (rank + 1) * accum):
+            picked = slice(block * rows, (block + 1) * rows)
+            part = {k: mx.array(v[picked]) for k, v in prepared.arrays.items()}
+            part["prompt_hidden"], part["prompt_mask"] = self.prompts(prepared.prompts[picked])
+            parts.append(part)
+        return parts
 
     def step(self, batch, rng: np.random.Generator, lr: float | None = None) -> StepOutput:
         """One optimizer step; `lr` overrides the schedule (e.g. before a WSD plan is frozen)."""
-        prepared = [self.prepare(b, rng) for b in self.micro_batches(batch)]
+        prepared = self.prepare(batch, rng)
         lr = self.schedule.lr(self.updates) if lr is None else float(lr)
         self.optimizer.learning_rate = lr
-        loss, norm, finite, magnitude = self.core.run([p.arrays for p in prepared])
+        loss, norm, finite, magnitude = self.core.run(self.micro_batches(prepared))
         finite = bool(finite.item())
         if finite:
             self.updates += 1
         else:
             self.skipped += 1
-        t_mean = float(np.mean(np.concatenate([p.t for p in prepared])))
+        t_mean = float(np.mean(prepared.t))
         return StepOutput(
             loss=float(loss.item()),
             grad_norm=float(norm.item()) if finite else float("nan"),

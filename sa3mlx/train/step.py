@@ -100,9 +100,11 @@ class StepCore:
 
     `run(batches)` takes one prepared batch per micro-batch: with one, a single compiled graph
     does everything; with several (gradient accumulation), a compiled gradient graph per
-    micro-batch, the mean gradient, then a compiled update graph. Returns mx scalars
-    (loss = mean of the micro-batch losses, post-clip grad norm, finite, adapter norm before
-    the update).
+    micro-batch, their sum, then a compiled update graph. `reduce` turns the sums of the loss and
+    gradients into means over every micro-batch, of every rank in a data-parallel run (one
+    division, after the sum across ranks), so 2 ranks of one micro-batch each compute what 1 rank
+    with 2 micro-batches does. Returns mx scalars (loss = mean of the micro-batch losses,
+    post-clip grad norm, finite, adapter norm before the update).
     """
 
     def __init__(
@@ -118,7 +120,7 @@ class StepCore:
         self.params = AdapterParams(layers)
         self.values = self.params.read()
         self.optimizer, self.grad_clip = optimizer, grad_clip
-        self.reduce = keep_local  # (loss, grads) -> across ranks (sa3mlx/train/distributed.py), before clipping
+        self.reduce = keep_local  # (loss sum, grad sums, micro-batches) -> means (World.average across ranks)
         optimizer.init(self.values)
         self._value_and_grad = loss_and_grads(dit, cond, self.params, cfg)
         self.compiled = compile
@@ -149,7 +151,7 @@ class StepCore:
         return norm, finite, magnitude
 
     def _fused_fn(self, batch: dict):
-        loss, grads = self.reduce(*self._grads_fn(batch))
+        loss, grads = self.reduce(*self._grads_fn(batch), 1)
         return (loss, *self._update_fn(grads, mx.isfinite(loss)))
 
     def run(self, batches: list[dict]) -> tuple[mx.array, mx.array, mx.array, mx.array]:
@@ -166,13 +168,13 @@ class StepCore:
         return out
 
     def _accumulated(self, batches: list[dict]):
-        total, losses = None, []
+        total, loss_sum = None, None
         for batch in batches:
             loss, grads = self._grads(batch)
             self.params.write(self.values)
-            losses.append(loss)
+            loss_sum = loss if loss_sum is None else loss_sum + loss
             total = accumulate(total, grads)
-        loss, grads = self.reduce(mx.mean(mx.stack(losses)), average(total, len(batches)))
+        loss, grads = self.reduce(loss_sum, total, len(batches))
         return (loss, *self._update(grads, mx.isfinite(loss)))
 
     def load_values(self, values: dict[str, mx.array]) -> None:
@@ -185,9 +187,11 @@ class StepCore:
         self.params.write(self.values)
 
 
-def keep_local(loss: mx.array, grads: dict) -> tuple[mx.array, dict]:
-    """One process: the loss and gradients as they are."""
-    return loss, grads
+def keep_local(loss_sum: mx.array, grad_sums: dict, count: int) -> tuple[mx.array, dict]:
+    """One process: the means of `count` micro-batches' loss and gradients (as they are for one)."""
+    if count == 1:
+        return loss_sum, grad_sums
+    return loss_sum / count, average(grad_sums, count)
 
 
 def _snapshot(state):
