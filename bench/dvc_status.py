@@ -3,21 +3,27 @@
     python bench/dvc_status.py [--clips 10000] [--big 100000] [--repeats 3] [--layouts files,shards]
 
 Part 1, the real pipeline at `--clips` clips, once per layout (`normalize.layout` = `encode.layout`):
-a throwaway git+dvc copy of this project (dvc.yaml, params.yaml, stages/, sa3mlx/, the tiny models)
-whose data/raw/ is a synthetic corpus of 0.1 s stereo clips in folders of 100; `dvc repro encode`
-runs the real convert, normalize and encode stages, so data/normalized and data/latents are exactly
-what the stages write. Timed: the first run, no-op `dvc status encode` and `dvc repro encode`; then
-`dvc push` to a local remote, one raw clip is changed, `dvc repro encode` (which must normalize 1 and
-encode 1) and `dvc push` again: the objects that second push uploads.
+a throwaway git+dvc copy of this project (dvc.yaml, params.yaml, .dvcignore, stages/, sa3mlx/, the
+tiny models) whose data/raw/ is a synthetic corpus of 0.1 s stereo clips in folders of 100, committed
+to git like the embedded demo corpus; `dvc repro encode` runs the real convert, normalize and encode
+stages, so data/normalized and data/latents are exactly what the stages write. Timed: the first run,
+no-op `dvc status encode` (that stage: its code, model, params and data/normalized dependencies and
+data/latents), `dvc status --with-deps encode` (convert, normalize and encode: data/raw included) and
+`dvc repro encode`; then `dvc push` to a local remote, one raw clip is changed, `dvc repro encode`
+(which must normalize 1 and encode 1) and `dvc push` again: the objects that second push uploads.
 
 Part 2, `--big` clips (sharded layout only), tiny synthetic members: data/normalized and data/latents
 written by the stages' own writer (sa3mlx/runtime/shards.py TreeWriter, members and summary files as
 the stages name them) under stages whose commands do nothing, recorded with `dvc commit`; the same
-timings, and the objects pushed after one member changes.
+timings (data/raw not git-ignored, as when committed to git), no-op `dvc status` again once data/raw
+is tracked by `dvc add` (what the README advises for a large corpus), and the objects pushed after
+one member changes.
 
-Times are wall seconds of the `dvc` command line (interpreter start-up included); every figure is
-reported as min/median/max of `--repeats` runs after one warm-up run. Last line: RESULT {json}.
-Targets (2 cores): shards at 10k <= 2 s, at 100k <= 10 s; one changed clip pushes <= 3 objects per folder.
+Times are wall seconds of the `dvc` command line (interpreter start-up included) and its CPU seconds
+(user + system: what a busy machine stretches the wall time from); every figure is reported as
+min/median/max of `--repeats` runs after one warm-up run, with the load average around it. Last line:
+RESULT {json}. Targets (2 cores): shards at 10k <= 2 s, at 100k <= 10 s; one changed clip pushes <= 3
+objects.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import io
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -46,7 +53,7 @@ from sa3mlx.data.encode import DETAILS_FILE  # noqa: E402
 from sa3mlx.runtime.previous import locked_dir_md5  # noqa: E402
 from sa3mlx.runtime.shards import TreeWriter  # noqa: E402
 
-PROJECT = ("dvc.yaml", "params.yaml", "stages", "sa3mlx", "models/tiny-base", "models/tiny-arc")
+PROJECT = ("dvc.yaml", "params.yaml", ".dvcignore", "stages", "sa3mlx", "models/tiny-base", "models/tiny-arc")
 FOLDER_SIZE = 100  # clips per sub-folder of data/raw, like a corpus of albums or sessions
 CLIP_SAMPLES = 4410  # 0.1 s at 44.1 kHz: one latent after normalize
 DATA_ONLY_DVC_YAML = """stages:
@@ -84,13 +91,21 @@ def init_repo(root: Path) -> None:
         sh(cmd, root)
 
 
-def timed(cmd: list[str], cwd: Path, repeats: int, check) -> list[float]:
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(cmd: list[str], cwd: Path, repeats: int, check) -> dict[str, list[float]]:
+    """Wall and CPU seconds of `repeats` runs of `cmd`, and the 1-minute load average before each."""
     sh(cmd, cwd)  # warm-up: the first call after a build fills DVC's state database
-    times = []
+    times = {"wall": [], "cpu": [], "load": []}
     for _ in range(repeats):
-        start = time.perf_counter()
+        times["load"].append(os.getloadavg()[0])
+        cpu, start = children_cpu(), time.perf_counter()
         out = sh(cmd, cwd)
-        times.append(time.perf_counter() - start)
+        times["wall"].append(time.perf_counter() - start)
+        times["cpu"].append(children_cpu() - cpu)
         check(out)
     return times
 
@@ -124,7 +139,7 @@ def pushed(root: Path, remote: Path) -> dict[str, list[str]]:
     return by_folder
 
 
-def data_only_status(root: Path, repeats: int) -> list[float]:
+def data_only_status(root: Path, repeats: int) -> dict[str, list[float]]:
     """The stage-written folders moved into a repo whose stages are data-only (`true` commands, data deps):
     what the layout itself costs, without the real pipeline's code and model dependencies."""
     other = root.parent / "data-only"
@@ -133,6 +148,7 @@ def data_only_status(root: Path, repeats: int) -> list[float]:
     shutil.move(root / "data", other / "data")
     shutil.rmtree(other / "data" / "encode_cache", ignore_errors=True)
     (other / "dvc.yaml").write_text(DATA_ONLY_DVC_YAML)
+    shutil.copyfile(ROOT / ".dvcignore", other / ".dvcignore")
     sh(["dvc", "commit", "-f", "-q"], other)
     return timed(["dvc", "status"], other, repeats, no_op_status)
 
@@ -174,6 +190,7 @@ def bench_real(clips: int, layout: str, repeats: int, log) -> dict:
         tracked = sum(1 for d in ("normalized", "latents") for p in (root / "data" / d).rglob("*") if p.is_file())
         log(f"{layout}: first dvc repro encode {first:.0f} s, {tracked} files in data/normalized + data/latents")
         status = timed(["dvc", "status", "encode"], root, repeats, no_op_status)
+        with_deps = timed(["dvc", "status", "--with-deps", "encode"], root, repeats, no_op_status)
         repro = timed(["dvc", "repro", "encode"], root, repeats, no_op_repro)
         pushed(root, remote)
         noise_clip(root / "data" / "raw" / f"{clip_names(clips)[clips // 2]}.wav", clips + 1)
@@ -189,6 +206,7 @@ def bench_real(clips: int, layout: str, repeats: int, log) -> dict:
         "data_only_status": data_only,
         "first_repro": first,
         "status": status,
+        "with_deps_status": with_deps,
         "repro": repro,
         "one_clip_repro": incremental,
         "one_clip_objects": objects,
@@ -230,6 +248,7 @@ def bench_synthetic(count: int, repeats: int, log) -> dict:
             path.write_bytes(b"RIFF" + name.encode())
         write_synthetic(root, count)
         (root / "dvc.yaml").write_text(DATA_ONLY_DVC_YAML)
+        shutil.copyfile(ROOT / ".dvcignore", root / ".dvcignore")
         sh(["dvc", "commit", "-f", "-q"], root)
         log(f"shards, {count} synthetic clips: committed")
         status = timed(["dvc", "status"], root, repeats, no_op_status)
@@ -238,11 +257,36 @@ def bench_synthetic(count: int, repeats: int, log) -> dict:
         write_synthetic(root, count, changed=count // 2)
         sh(["dvc", "commit", "-f", "-q"], root)
         objects = pushed(root, remote)
-    return {"layout": "shards", "files": None, "status": status, "repro": repro, "one_clip_objects": objects}
+        sh(["dvc", "add", "-q", "data/raw"], root)
+        log(f"shards, {count} synthetic clips: data/raw tracked by dvc add")
+        raw_added = timed(["dvc", "status"], root, repeats, no_op_status)
+    return {
+        "layout": "shards",
+        "files": None,
+        "status": status,
+        "raw_dvc_add_status": raw_added,
+        "repro": repro,
+        "one_clip_objects": objects,
+    }
 
 
-def spread(values: list[float]) -> str:
-    return f"{min(values):.2f}/{statistics.median(values):.2f}/{max(values):.2f}"
+def spread(times: dict[str, list[float]]) -> str:
+    """`wall min/median/max s (CPU min/median/max s, load a-b)`."""
+
+    def three(values: list[float]) -> str:
+        return f"{min(values):.2f}/{statistics.median(values):.2f}/{max(values):.2f}"
+
+    load = times["load"]
+    return f"{three(times['wall'])} s (CPU {three(times['cpu'])} s, load {min(load):.1f}-{max(load):.1f})"
+
+
+TIMINGS = {  # result key suffix: how the line names it
+    "status": "no-op status",
+    "with_deps_status": "no-op status --with-deps",
+    "data_only_status": "data-only status",
+    "raw_dvc_add_status": "status with data/raw dvc-added",
+    "repro": "no-op repro",
+}
 
 
 def per_folder(objects: dict[str, list[str]]) -> int:
@@ -254,21 +298,19 @@ def report(tag: str, r: dict) -> dict:
     objects = r["one_clip_objects"]
     total = sum(len(v) for v in objects.values())
     folders = ", ".join(f"{folder} {len(v)}" for folder, v in objects.items())
-    line = f"{tag:>12}: no-op status {spread(r['status'])} s"
-    if "data_only_status" in r:
-        line += f" (data-only {spread(r['data_only_status'])} s)"
-    line += f", no-op repro {spread(r['repro'])} s; one changed clip: {total} objects pushed ({folders})"
+    print(f"{tag}:")
+    result = {}
+    for key, label in TIMINGS.items():
+        if key in r:
+            print(f"  {label:>31}: {spread(r[key])}")
+            result[f"{tag}_{key}_s"] = round(statistics.median(r[key]["wall"]), 2)
+            result[f"{tag}_{key}_cpu_s"] = round(statistics.median(r[key]["cpu"]), 2)
+    line = f"  one changed clip: {total} objects pushed ({folders})"
     if "first_repro" in r:
         line += f", its repro {r['one_clip_repro']:.1f} s (first run {r['first_repro']:.0f} s, {r['files']} files)"
     print(line)
-    result = {
-        f"{tag}_status_s": round(statistics.median(r["status"]), 2),
-        f"{tag}_repro_s": round(statistics.median(r["repro"]), 2),
-        f"{tag}_one_clip_objects": total,
-        f"{tag}_one_clip_objects_per_folder": per_folder(objects),
-    }
-    if "data_only_status" in r:
-        result[f"{tag}_data_only_status_s"] = round(statistics.median(r["data_only_status"]), 2)
+    result[f"{tag}_one_clip_objects"] = total
+    result[f"{tag}_one_clip_objects_per_folder"] = per_folder(objects)
     return result
 
 
@@ -280,6 +322,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     print(f"dvc {sh(['dvc', '--version'], ROOT).strip()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
+    load_before = os.getloadavg()[0]
     log = lambda text: print(text, flush=True)  # noqa: E731
     runs = [bench_real(args.clips, layout, args.repeats, log) for layout in args.layouts.split(",")]
     if args.big:
@@ -292,7 +335,7 @@ def main() -> None:
     shards = next((r for r in runs if r["layout"] == "shards" and "clips" not in r), None)
     if shards is not None:  # per derived folder: its shard, its summary file, DVC's listing of it
         result["one_clip_change_objects"] = per_folder(shards["one_clip_objects"])
-    result["load_average"] = round(os.getloadavg()[0], 1)
+    result["load_average"] = [round(load_before, 1), round(os.getloadavg()[0], 1)]  # at the start, at the end
     print("RESULT " + json.dumps(result, sort_keys=True))
 
 
