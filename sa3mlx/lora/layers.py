@@ -15,7 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from sa3mlx.lora.maths import direction_gains, effective_weight_2d, low_rank_factors
+from sa3mlx.lora.maths import base_squares, direction_gains, effective_weight_2d, low_rank_factors
 from sa3mlx.lora.svd import svd_bases
 from sa3mlx.lora.types import SAVED_PARAMS, AdapterKind, adapter_kind
 from sa3mlx.runtime.errors import UserError
@@ -53,6 +53,9 @@ class AdaptedLayer(nn.Module):
         self.materialize = materialize
         self._init_adapter(bases, key)
         self.freeze_base()
+        if self.kind.directional:
+            self.__dict__["_squares"] = base_squares(self.weight_2d(), self.kind)
+            mx.eval(self.__dict__["_squares"])  # now: a compiled call must find it computed
 
     @property
     def scale(self) -> float:
@@ -137,7 +140,8 @@ class AdaptedLayer(nn.Module):
         tensors = self.adapter_tensors()
         row = col = None
         if self.kind.directional:
-            row, col = direction_gains(self.weight_2d(), self.kind, tensors, self.scale, self.strength)
+            w2 = self.weight_2d()
+            row, col = direction_gains(w2, self.kind, tensors, self.scale, self.strength, self.base_squares())
         if col is not None:
             x = x * col
         left, right = low_rank_factors(self.kind, tensors)
@@ -147,6 +151,12 @@ class AdaptedLayer(nn.Module):
 
     def has_fast_form(self) -> bool:
         return True
+
+    def base_squares(self) -> dict[str, mx.array]:
+        """`maths.base_squares` of the frozen weight, computed when the adapter is made and kept outside
+        the module's parameters (the base weight never changes under an adapter), so no call (nor
+        its recompute) passes over the weight for it."""
+        return self.__dict__["_squares"]
 
     def weight_2d(self) -> mx.array:
         raise NotImplementedError

@@ -61,20 +61,40 @@ def effective_weight_2d(
     return v.astype(dtype)
 
 
+def base_squares(w2: mx.array, kind: AdapterKind) -> dict[str, mx.array]:
+    """The terms of `direction_gains` that only the frozen base weight decides (Σ W² per row; per
+    column for "cols"), to compute once instead of in every call: the same operations, so the same
+    values ("both" weighs its columns by the row gains, so it has none)."""
+    w = w2.astype(mx.float32)
+    squares = {}
+    if kind.norm == "rows":
+        squares["rows"] = mx.sum(w * w, axis=1)
+    elif kind.norm == "cols":
+        squares["cols"] = mx.ones((w.shape[0],), mx.float32) @ (w * w)
+    return squares
+
+
 def direction_gains(
-    w2: mx.array, kind: AdapterKind, p: dict[str, mx.array], scale: float, strength: float
+    w2: mx.array,
+    kind: AdapterKind,
+    p: dict[str, mx.array],
+    scale: float,
+    strength: float,
+    squares: dict[str, mx.array] | None = None,
 ) -> tuple[mx.array | None, mx.array | None]:
     """(row gain (fan_out,) or None, column gain (fan_in,) or None) such that the DoRA/BoRA weight
     is diag(row)·(W + c·ΔL·ΔR)·diag(col), c = s·λ, from the norm identities (no (out, in) Δ):
     ‖V‖²_row = Σ W² + 2c·rowsum((W Rᵀ) ⊙ L) + c²·rowsum((L R Rᵀ) ⊙ L), and per column with weights q
-    ‖diag(√q)V‖²_col = qᵀ(W⊙W) + 2c·colsum(R ⊙ ((q⊙L)ᵀ W)) + c²·colsum(R ⊙ (Lᵀ(q⊙L) R))."""
+    ‖diag(√q)V‖²_col = qᵀ(W⊙W) + 2c·colsum(R ⊙ ((q⊙L)ᵀ W)) + c²·colsum(R ⊙ (Lᵀ(q⊙L) R)).
+    `squares`: `base_squares(w2, kind)`, computed beforehand (else here)."""
     left, right = low_rank_factors(kind, p)
     c = scale * strength
     w = w2.astype(mx.float32)
+    squares = squares or {}
     row = col = None
     if kind.norm in ("rows", "both"):
         sq = (
-            mx.sum(w * w, axis=1)
+            (squares["rows"] if "rows" in squares else mx.sum(w * w, axis=1))
             + 2 * c * mx.sum((w @ right.T) * left, axis=1)
             + c * c * mx.sum((left @ (right @ right.T)) * left, axis=1)
         )
@@ -84,7 +104,7 @@ def direction_gains(
         q = mx.ones((w.shape[0],), mx.float32) if row is None else row * row
         ql = left * q[:, None]
         sq = (
-            q @ (w * w)
+            (squares["cols"] if "cols" in squares else q @ (w * w))
             + 2 * c * mx.sum(right * (ql.T @ w), axis=0)
             + c * c * mx.sum(right * ((left.T @ ql) @ right), axis=0)
         )

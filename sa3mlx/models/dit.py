@@ -133,19 +133,32 @@ def _checkpointed(layer: TransformerBlock, x, context, adaln, rope, local_cond, 
     """The block with its forward recomputed in the backward. Trainable tensors (the adapters), x,
     context and adaln are the differentiated inputs; the rest are constants. The recompute waits
     for the block's output gradient (`mx.depends`), so no block's internals are alive before the
-    backward reaches it (`mx.checkpoint` only waits for the forward). Same operations, same numbers."""
+    backward reaches it (`mx.checkpoint` only waits for the forward). It reads the frozen weights and
+    the constants through `mx.depends` as well: otherwise `mx.compile` merges the recompute's work on
+    them (the local embedding, casts of an fp16 base) with the forward's and keeps the forward's
+    results alive until the backward. Same operations, same numbers."""
     trainable = tree_flatten(layer.trainable_parameters())
     names, values = [k for k, _ in trainable], [v for _, v in trainable]
+    frozen = [(k, v) for k, v in tree_flatten(layer.parameters()) if k not in set(names)]
+    constants = [*rope, local_cond, key_mask]
 
-    def block(*arrays: mx.array) -> mx.array:
+    def block(*arrays: mx.array, constants=constants) -> mx.array:
         layer.update(tree_unflatten(list(zip(names, arrays[: len(names)]))))
-        return layer(*arrays[len(names) :], rope, local_cond, key_mask)
+        cos, sin, local, mask = constants
+        return layer(*arrays[len(names) :], (cos, sin), local, mask)
 
     run = mx.custom_function(block)
 
     @run.vjp
     def recompute(primals, cotangent, output):
-        _, grads = mx.vjp(block, mx.depends(list(primals), [cotangent]), [cotangent])
+        present = [c for c in constants if c is not None]
+        fresh = mx.depends([*primals, *(v for _, v in frozen), *present], [cotangent])
+        primals, fresh = fresh[: len(primals)], fresh[len(primals) :]
+        layer.update(tree_unflatten([(k, fresh[i]) for i, (k, _) in enumerate(frozen)]))
+        fresh_constants = iter(fresh[len(frozen) :])
+        again = [None if c is None else next(fresh_constants) for c in constants]
+        _, grads = mx.vjp(lambda *a: block(*a, constants=again), primals, [cotangent])
+        layer.update(tree_unflatten(frozen))
         # the gradients flowing on wait for this block's adapter gradients, so those are computed
         # (and the recomputed activations freed) now, not at the end of the backward
         params, inputs = grads[: len(names)], grads[len(names) :]
