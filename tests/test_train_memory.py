@@ -10,6 +10,7 @@ import test_train_checkpoint
 from test_train_checkpoint import tiny_job
 
 from sa3mlx.models.config import DiTConfig, ModelConfig
+from sa3mlx.runtime.precision import STORED
 from sa3mlx.train import memory as M
 from sa3mlx.train.job import MEMORY_EXIT
 from sa3mlx.train.presets import resolve
@@ -49,6 +50,17 @@ def test_the_model_in_numbers():
     differential = replace(CFG, differential=True)
     assert M.block_activation_bytes(differential, 1000) - block == pytest.approx(4 * M.BETA * 8 * L * L)
     assert est(ckpt=True) < est() and est(crop=2000) > est()
+
+
+def test_chunked_attention_keeps_no_maps():
+    """Above CHUNK_BYTES of scores (crop 4096 here: 4·8·4160² B) the attention backward is its own:
+    the maps are neither kept nor whole at the peak, a few chunks of them are."""
+    long = 4096
+    assert M.chunked(CFG, long) and not M.chunked(CFG, 1000)
+    assert M.block_activation_bytes(CFG, long) == pytest.approx(4 * M.ALPHA * (long + 64) * 512)
+    assert M.backward_peak_bytes(CFG, long) == pytest.approx(M.CHUNKS_IN_FLIGHT * M.CHUNK_ROWS_BYTES)
+    differential = replace(CFG, differential=True)
+    assert M.backward_peak_bytes(differential, long) == pytest.approx(2 * M.backward_peak_bytes(CFG, long))
 
 
 def test_parameter_count_of_a_lazy_dit():
@@ -118,6 +130,31 @@ def test_plan_decides_checkpointing_when_null(tiny_project, monkeypatch):
     decided, check = M.plan_memory(model_dir, explicit, 2048)
     assert decided.grad_checkpoint is False and not check.fits
     assert check.options[0].startswith("train.grad_checkpoint: true")
+
+
+def test_plan_keeps_the_base_stored_only_when_that_is_what_fits(tiny_project, monkeypatch):
+    model_dir = tiny_project / "models" / "converted" / "tiny-base"
+    dit = ModelConfig.load(model_dir / "model_config.json").dit
+    compute, stored = M.model_weight_bytes(model_dir), M.model_weight_bytes(model_dir, STORED)
+    assert stored < compute  # the DiT's fp16 as stored; the prompt encoder in fp32 either way
+    shape = M.StepShape(2048, 2, True)
+    need = lambda weights: M.estimate_peak_bytes(dit, shape, weights) / M.USABLE / M.GB
+    cfg = resolve(None, {"batch_size": 2, "latent_crop_length": 2048, "grad_checkpoint": True})
+    monkeypatch.setenv(M.MEMORY_ENV, str((need(compute) + need(stored)) / 2))
+    decided, check = M.plan_memory(model_dir, cfg, 2048)
+    assert decided.base_dtype == STORED and check.fits and check.need == pytest.approx(need(stored) * M.USABLE * M.GB)
+    monkeypatch.setenv(M.MEMORY_ENV, "1000")
+    assert M.plan_memory(model_dir, cfg, 2048)[0].base_dtype == "compute"
+    plain = replace(cfg, grad_checkpoint=False, base_dtype=STORED)  # stored without checkpointing: worse
+    assert (
+        M.plan_memory(model_dir, plain, 2048)[1].need
+        > M.plan_memory(model_dir, replace(plain, base_dtype="compute"), 2048)[1].need
+    )
+    explicit = replace(cfg, base_dtype="compute")
+    monkeypatch.setenv(M.MEMORY_ENV, str((need(compute) + need(stored)) / 2))
+    decided, check = M.plan_memory(model_dir, explicit, 2048)
+    assert decided.base_dtype == "compute" and not check.fits
+    assert check.options[0].startswith("train.base_dtype: stored")
 
 
 def test_a_step_that_cannot_fit_stops_cleanly_and_the_run_resumes(tiny_project, tmp_path, monkeypatch, capsys):

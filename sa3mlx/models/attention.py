@@ -6,7 +6,8 @@ On the CPU, for score tensors the fast kernels take (`runtime.kernels.fast_path`
 through their softmax (MLX's CPU SDPA is this same unfused matmul-softmax-matmul, with a scalar
 exp); otherwise MLX's SDPA runs (fused on Metal/CUDA).
 When the [B, H, Lq, Lk] fp32 score tensor would exceed `chunk_bytes`, the queries run in chunks
-of rows, forward and backward, one chunk after another: every query row's softmax is its own, so
+of rows (each chunk's scores CHUNK_ROWS_BYTES: MLX keeps a few chunks in flight, so smaller chunks
+lower the peak at no measurable cost), forward and backward, one chunk after another: every query row's softmax is its own, so
 the forward is the whole computation's. The backward (flash-attention style, `_chunked_vjp`)
 recomputes each chunk's probabilities P from q, k and v and accumulates dK and dV over the chunks,
 so no [B, H, Lq, Lk] tensor is ever kept: a few chunks' worth of scores at a time.
@@ -19,6 +20,7 @@ import mlx.core as mx
 from sa3mlx.runtime import kernels
 
 CHUNK_BYTES = 128 * 2**20  # score-tensor size above which the queries are chunked
+CHUNK_ROWS_BYTES = 32 * 2**20  # then the scores of one chunk (medium at crop 4096: 84 rows; peak 4.1 -> 3.6 GB at d2)
 
 
 def attention(
@@ -26,9 +28,10 @@ def attention(
 ) -> mx.array:
     """q [B,H,Lq,D], k/v [B,H,Lk,D]; mask (bool, True = attend) broadcastable to [B,H,Lq,Lk]."""
     B, H, Lq, _ = q.shape
-    rows = max(1, chunk_bytes // (4 * B * H * k.shape[2]))
-    if rows >= Lq:
+    row_bytes = 4 * B * H * k.shape[2]
+    if row_bytes * Lq <= chunk_bytes:
         return _attend(q, k, v, scale, mask)
+    rows = max(1, min(chunk_bytes, CHUNK_ROWS_BYTES) // row_bytes)
     return _chunked(rows, scale, mask)(q, k, v)
 
 

@@ -8,7 +8,10 @@ The model is `bench/memory.py`'s fit on the CPU (fp32): weights + what the backw
 DiT block and sample it keeps `4·(ALPHA·L·E + BETA·P·H·L²)` bytes (L = crop + memory tokens,
 P = 2 for differential attention); with checkpointing only `4·CKPT_KEPT·L·E` per block, plus
 one block recomputed in full; either way the block in its backward holds `BLOCK_PEAK_MAPS` more
-L×L maps per head and pair. Activations scale with the micro-batch (batch / grad_accum).
+L×L maps per head and pair. Above `models.attention.CHUNK_BYTES` of scores the attention runs in
+chunks with a backward of its own: then no map is kept, and the block in its backward holds about
+`CHUNKS_IN_FLIGHT` chunks of scores per pair instead. Activations scale with the micro-batch
+(batch / grad_accum).
 
 Rule for `grad_checkpoint: null`: on when the estimate without it exceeds the budget's usable
 share (`USABLE`), off otherwise (it costs one more forward per step).
@@ -24,6 +27,7 @@ from pathlib import Path
 import numpy as np
 from mlx.utils import tree_flatten
 
+from sa3mlx.models.attention import CHUNK_BYTES, CHUNK_ROWS_BYTES
 from sa3mlx.models.config import DiTConfig, ModelConfig
 from sa3mlx.runtime.artifacts import verify_listed
 from sa3mlx.runtime.errors import reading
@@ -40,6 +44,9 @@ CKPT_KEPT = 5.0  # E-wide values per token per checkpointed block (its input, th
 # the block whose backward runs also holds ~this many L×L maps per head (and attention pair) at once:
 # measured on medium at crop 4096 (bench/memory.py medium:2:4096:on, 12.3 GB); small shows less
 BLOCK_PEAK_MAPS = 2.8
+# chunked attention: score chunks (of CHUNK_ROWS_BYTES) alive at once in a block's backward, per pair:
+# fitted to medium at crop 4096 (bench/memory.py medium:2:4096:on:stored, 3.6 GB)
+CHUNKS_IN_FLIGHT = 12
 OVERHEAD_BYTES = int(0.46 * GB)  # the runtime, compile buffers, the batch (measured intercept)
 USABLE = 0.85  # share of the budget a run may plan to use (the OS, the data loader, fragmentation)
 MEMORY_ENV = "SA3MLX_MEMORY_GB"  # overrides the detected budget (e.g. a shared machine's share)
@@ -57,18 +64,30 @@ class StepShape:
         return f"crop {self.crop}, micro-batch {self.micro_batch}, grad_checkpoint {'on' if self.checkpoint else 'off'}"
 
 
+def score_bytes(cfg: DiTConfig, crop: int) -> float:
+    """One self-attention's fp32 score tensor, per sample."""
+    length = crop + cfg.num_memory_tokens
+    return 4.0 * cfg.num_heads * length * length
+
+
+def chunked(cfg: DiTConfig, crop: int) -> bool:
+    return score_bytes(cfg, crop) > CHUNK_BYTES
+
+
 def block_activation_bytes(cfg: DiTConfig, crop: int) -> float:
     """What one block keeps for the backward, per sample, without checkpointing."""
     length = crop + cfg.num_memory_tokens
     pairs = 2 if cfg.differential else 1
-    return 4.0 * (ALPHA * length * cfg.embed_dim + BETA * pairs * cfg.num_heads * length * length)
+    maps = 0.0 if chunked(cfg, crop) else BETA * pairs * score_bytes(cfg, crop)
+    return 4.0 * ALPHA * length * cfg.embed_dim + maps
 
 
 def backward_peak_bytes(cfg: DiTConfig, crop: int) -> float:
-    """The attention maps one block's backward holds on top of what it keeps, per sample."""
-    length = crop + cfg.num_memory_tokens
+    """The attention maps (or chunks of them) one block's backward holds on top of what it keeps, per sample."""
     pairs = 2 if cfg.differential else 1
-    return 4.0 * BLOCK_PEAK_MAPS * pairs * cfg.num_heads * length * length
+    if chunked(cfg, crop):
+        return pairs * CHUNKS_IN_FLIGHT * min(CHUNK_ROWS_BYTES, score_bytes(cfg, crop))
+    return BLOCK_PEAK_MAPS * pairs * score_bytes(cfg, crop)
 
 
 def activation_bytes(cfg: DiTConfig, shape: StepShape) -> float:
@@ -185,6 +204,7 @@ class MemoryCheck:
     budget: float
     source: str
     options: list[str]
+    base: str = ""  # how the frozen base is held, when that is worth saying
 
     @property
     def fits(self) -> bool:
@@ -192,7 +212,7 @@ class MemoryCheck:
 
     def lines(self) -> list[str]:
         head = (
-            f"memory: estimated peak {self.need / GB:.1f} GB for {self.shape.describe()}; "
+            f"memory: estimated peak {self.need / GB:.1f} GB for {self.shape.describe()}{self.base}; "
             f"budget {self.budget / GB:.1f} GB ({self.source}, {USABLE:.0%} usable)"
         )
         if self.fits:
@@ -264,4 +284,6 @@ def plan_memory(model_dir: str | Path, cfg: TrainConfig, crop: int) -> tuple[Tra
         and estimate_peak_bytes(dit, shape, stored) <= USABLE * budget[0]
     ):
         check.options.insert(0, "train.base_dtype: stored (the fp16 base as dit.npz stores it: same numbers, slower)")
+    if base == STORED and on_cpu():
+        check.base = ", the base kept as stored (train.base_dtype: stored)"
     return replace(cfg, grad_checkpoint=checkpoint, base_dtype=base), check
