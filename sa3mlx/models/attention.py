@@ -7,10 +7,11 @@ through their softmax (MLX's CPU SDPA is this same unfused matmul-softmax-matmul
 exp); otherwise MLX's SDPA runs (fused on Metal/CUDA).
 When the [B, H, Lq, Lk] fp32 score tensor would exceed `chunk_bytes`, the queries run in chunks
 of rows (each chunk's scores CHUNK_ROWS_BYTES: MLX keeps a few chunks in flight, so smaller chunks
-lower the peak at no measurable cost), forward and backward, one chunk after another: every query row's softmax is its own, so
-the forward is the whole computation's. The backward (flash-attention style, `_chunked_vjp`)
-recomputes each chunk's probabilities P from q, k and v and accumulates dK and dV over the chunks,
-so no [B, H, Lq, Lk] tensor is ever kept: a few chunks' worth of scores at a time.
+lower the peak at no measurable cost), forward and backward, one chunk after another: every
+query row's softmax is its own, so the forward is the whole computation's. The backward
+(flash-attention style, `_chunked_vjp`) recomputes each chunk's probabilities P from q, k and v
+and accumulates dK and dV over the chunks, so no [B, H, Lq, Lk] tensor is ever kept: a few
+chunks' worth of scores at a time.
 """
 
 from __future__ import annotations
