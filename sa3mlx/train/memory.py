@@ -45,8 +45,8 @@ CKPT_KEPT = 5.0  # E-wide values per token per checkpointed block (its input, th
 # measured on medium at crop 4096 (bench/memory.py medium:2:4096:on, 12.3 GB); small shows less
 BLOCK_PEAK_MAPS = 2.8
 # chunked attention: score chunks (of CHUNK_ROWS_BYTES) alive at once in a block's backward, per pair:
-# fitted to medium at crop 4096 (bench/memory.py medium:2:4096:on:stored, 3.6 GB)
-CHUNKS_IN_FLIGHT = 12
+# fitted to medium at crop 4096 so that the estimate is at or above bench/memory.py medium:{2,4,6}:4096:on:stored
+CHUNKS_IN_FLIGHT = 18
 OVERHEAD_BYTES = int(0.46 * GB)  # the runtime, compile buffers, the batch (measured intercept)
 USABLE = 0.85  # share of the budget a run may plan to use (the OS, the data loader, fragmentation)
 MEMORY_ENV = "SA3MLX_MEMORY_GB"  # overrides the detected budget (e.g. a shared machine's share)
