@@ -36,7 +36,7 @@ from blas import mlx_gemm  # bench/blas.py
 from dit import SIZES, matmul_flops  # bench/dit.py
 from train import random_step, time_steps  # bench/train.py
 
-from sa3mlx.runtime.precision import STORED
+from sa3mlx.runtime.precision import COMPUTE, STORED
 from sa3mlx.train.memory import GB, StepShape, base_weight_bytes, dit_parameter_count, estimate_peak_bytes
 
 TARGETS = {"small_1300_ckpt_peak_gb": 6.0, "medium_4096_ckpt_projected_gb": 8.0, "small_1300_pct_gemm": 40.0}
@@ -96,7 +96,7 @@ def run_case(case: dict, repeats: int) -> dict:
 def weight_bytes(cfg, case: dict) -> float:
     """The DiT's weights during the step, as sa3mlx.train.memory counts them."""
     compute = 4 * dit_parameter_count(cfg)
-    return base_weight_bytes(STORED if case["stored"] else "compute", case["ckpt"], compute, compute // 2)
+    return base_weight_bytes(STORED if case["stored"] else COMPUTE, case["ckpt"], compute, compute // 2)
 
 
 def spawn(case: str, repeats: int) -> dict:

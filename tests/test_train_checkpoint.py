@@ -14,7 +14,7 @@ from sa3mlx.convert.model import convert_source
 from sa3mlx.models.config import DiTConfig
 from sa3mlx.models.dit import DiT
 from sa3mlx.runtime import kernels
-from sa3mlx.runtime.precision import STORED
+from sa3mlx.runtime.precision import COMPUTE, STORED
 from sa3mlx.train.job import TrainJob
 from sa3mlx.train.presets import resolve
 from sa3mlx.train.resume import resume_files
@@ -86,7 +86,7 @@ def tiny_model(tmp_path_factory):
     return folder
 
 
-def five_steps(folder, checkpoint: bool, base_dtype: str = "compute") -> TrainingSession:
+def five_steps(folder, checkpoint: bool, base_dtype: str = COMPUTE) -> TrainingSession:
     cfg = resolve("underfit-dashboard", {"lr": 1e-3, "grad_checkpoint": checkpoint, "base_dtype": base_dtype})
     session = TrainingSession.build(folder, cfg, seed=3)  # compiled, as the trainer runs
     assert session.dit.transformer.checkpoint_blocks is checkpoint
@@ -104,7 +104,7 @@ def five_steps(folder, checkpoint: bool, base_dtype: str = "compute") -> Trainin
     return session
 
 
-@pytest.mark.parametrize("base_dtype", ["compute", STORED])
+@pytest.mark.parametrize("base_dtype", [COMPUTE, STORED])
 def test_five_steps_with_and_without_checkpointing_are_bit_identical(tiny_model, base_dtype):
     """Checkpointing, and the fp16 base kept as dit.npz stores it, change memory, never numbers."""
     plain, ckpt = five_steps(tiny_model, False), five_steps(tiny_model, True, base_dtype)

@@ -10,7 +10,7 @@ import test_train_checkpoint
 from test_train_checkpoint import tiny_job
 
 from sa3mlx.models.config import DiTConfig, ModelConfig
-from sa3mlx.runtime.precision import STORED
+from sa3mlx.runtime.precision import COMPUTE, STORED
 from sa3mlx.train import memory as M
 from sa3mlx.train.job import MEMORY_EXIT
 from sa3mlx.train.presets import resolve
@@ -144,16 +144,16 @@ def test_plan_keeps_the_base_stored_only_when_that_is_what_fits(tiny_project, mo
     decided, check = M.plan_memory(model_dir, cfg, 2048)
     assert decided.base_dtype == STORED and check.fits and check.need == pytest.approx(need(stored) * M.USABLE * M.GB)
     monkeypatch.setenv(M.MEMORY_ENV, "1000")
-    assert M.plan_memory(model_dir, cfg, 2048)[0].base_dtype == "compute"
+    assert M.plan_memory(model_dir, cfg, 2048)[0].base_dtype == COMPUTE
     plain = replace(cfg, grad_checkpoint=False, base_dtype=STORED)  # stored without checkpointing: worse
     assert (
         M.plan_memory(model_dir, plain, 2048)[1].need
-        > M.plan_memory(model_dir, replace(plain, base_dtype="compute"), 2048)[1].need
+        > M.plan_memory(model_dir, replace(plain, base_dtype=COMPUTE), 2048)[1].need
     )
-    explicit = replace(cfg, base_dtype="compute")
+    explicit = replace(cfg, base_dtype=COMPUTE)
     monkeypatch.setenv(M.MEMORY_ENV, str((need(compute) + need(stored)) / 2))
     decided, check = M.plan_memory(model_dir, explicit, 2048)
-    assert decided.base_dtype == "compute" and not check.fits
+    assert decided.base_dtype == COMPUTE and not check.fits
     assert check.options[0].startswith("train.base_dtype: stored")
 
 

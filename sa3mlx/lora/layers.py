@@ -140,8 +140,8 @@ class AdaptedLayer(nn.Module):
         tensors = self.adapter_tensors()
         row = col = None
         if self.kind.directional:
-            w2 = self.weight_2d()
-            row, col = direction_gains(w2, self.kind, tensors, self.scale, self.strength, self.base_squares())
+            squares = self.base_squares()
+            row, col = direction_gains(self.weight_2d(), self.kind, tensors, self.scale, self.strength, squares)
         if col is not None:
             x = x * col
         left, right = low_rank_factors(self.kind, tensors)

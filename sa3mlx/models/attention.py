@@ -65,7 +65,7 @@ def _chunked(rows: int, scale: float, mask: mx.array | None):
 
     @mx.custom_function
     def run(q, k, v):
-        # each chunk waits for the one before, so only one chunk's scores are alive at a time
+        # each chunk waits for the one before: a few chunks' scores alive at a time, never all of them
         outs = []
         for start, stop in _chunks(q.shape[2], rows):
             q_rows = q[:, :, start:stop] if not outs else mx.depends(q[:, :, start:stop], outs[-1])

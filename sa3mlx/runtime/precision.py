@@ -24,6 +24,7 @@ from mlx.utils import tree_flatten
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 NUMPY_STORAGE = {"float32": np.float32, "float16": np.float16}
 STORED = "stored"  # load weights as their file stores them (fp16 on the CPU too; each op still computes in fp32)
+COMPUTE = "compute"  # load weights cast to the device's compute dtype (fp32 on the CPU)
 
 
 def parse_dtype(name: str) -> mx.Dtype:

@@ -32,7 +32,7 @@ from sa3mlx.models.config import DiTConfig, ModelConfig
 from sa3mlx.runtime.artifacts import verify_listed
 from sa3mlx.runtime.errors import reading
 from sa3mlx.runtime.layout import DIT_FILE, MODEL_CONFIG_FILE, T5GEMMA_FILE
-from sa3mlx.runtime.precision import STORED, on_cpu
+from sa3mlx.runtime.precision import COMPUTE, STORED, on_cpu
 from sa3mlx.train.presets import TrainConfig
 
 GB = 1e9
@@ -236,15 +236,15 @@ def check_memory(
     return MemoryCheck(shape, need, budget, source, options)
 
 
-def model_weight_bytes(model_dir: str | Path, base_dtype: str = "compute") -> int:
+def model_weight_bytes(model_dir: str | Path, base_dtype: str = COMPUTE) -> int:
     """The converted DiT + conditioner and the prompt encoder as loaded: fp32 floats on the CPU, or the
     DiT as dit.npz stores it (`base_dtype` "stored"; the prompt encoder stays in its compute dtype)."""
     float_bytes = 4 if on_cpu() else None
-    dit_bytes = None if base_dtype == STORED else float_bytes
-    folder = Path(model_dir)
-    return loaded_npz_bytes(folder / DIT_FILE, dit_bytes, "DiT weights") + loaded_npz_bytes(
-        folder / T5GEMMA_FILE, float_bytes, "T5Gemma weights"
+    files = (
+        (DIT_FILE, "DiT weights", None if base_dtype == STORED else float_bytes),
+        (T5GEMMA_FILE, "T5Gemma weights", float_bytes),
     )
+    return sum(loaded_npz_bytes(Path(model_dir) / name, size, what) for name, what, size in files)
 
 
 def base_weight_bytes(base_dtype: str, checkpoint: bool, compute: int, stored: int) -> int:
@@ -261,7 +261,7 @@ def choose_base_dtype(cfg: DiTConfig, shape: StepShape, compute: int, budget: fl
     if not on_cpu():
         return STORED  # GPUs compute in the stored dtype: the two are one
     tight = shape.checkpoint and estimate_peak_bytes(cfg, shape, compute) > USABLE * budget
-    return STORED if tight else "compute"
+    return STORED if tight else COMPUTE
 
 
 def plan_memory(model_dir: str | Path, cfg: TrainConfig, crop: int) -> tuple[TrainConfig, MemoryCheck]:

@@ -31,6 +31,7 @@ from sa3mlx.lora.config import LoRAConfig
 from sa3mlx.models.config import ModelConfig
 from sa3mlx.runtime.errors import ParamError
 from sa3mlx.runtime.io import plain
+from sa3mlx.runtime.precision import COMPUTE, STORED
 from sa3mlx.runtime.schema import choice, field_specs, integer, number, options_from_params, positive, spec
 from sa3mlx.train.optim import SCHEDULES, make_schedule
 from sa3mlx.train.timesteps import SAMPLERS, check_sampler
@@ -43,7 +44,7 @@ CROP_BY_FAMILY = {"small": 1300, "medium": 4096}  # underfit's registry defaults
 NOT_FINGERPRINTED = ("max_steps", "max_minutes", "grad_checkpoint", "base_dtype")
 # the frozen base in memory: as dit.npz stores it (fp16; every op still computes in fp32 on the CPU) or
 # cast once to the compute dtype at load; the same numbers either way (sa3mlx/models/conditioning.py)
-BASE_DTYPES = ("stored", "compute")
+BASE_DTYPES = (STORED, COMPUTE)
 WEIGHT = number(0)  # each of betas and inpaint_mask_probabilities
 
 
