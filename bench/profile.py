@@ -5,9 +5,9 @@
 Each op of a transformer block runs alone at its real shapes (batch 1, `crop` latent frames + 64
 memory tokens, 257 prompt tokens, E 1024, 16 heads, FF 4096, dora-rows r16 adapters): forward,
 and forward+backward (the VJP w.r.t. its inputs, plus the adapter tensors for the adapter
-branch), both with MLX's own kernels ("mlx") and with the fast CPU kernels ("fast",
-`runtime/kernels.py`), in this one run. Times are the minimum of the repeats (the two paths
-interleaved, so that load from other processes hits both alike), multiplied by the op's count
+branch), on each kernel path of `runtime/kernels.py` in this one run: MLX's own ("mlx"), the
+MLX-compiled ones ("compiled") and the native C++ ones ("native"). Times are the minimum of the
+repeats (the paths interleaved, so that load from other processes hits all alike), times the op's count
 per forward (per block times depth). Then the whole DiT forward and forward+backward
 at `--whole-depth` blocks for comparison with the sum, and the fp32 GEMM peak measured in the
 same run. Last line: RESULT {json} with the per-op totals in ms.
@@ -36,7 +36,7 @@ from sa3mlx.models.dit import DiT
 from sa3mlx.models.dit_layers import apply_rope
 from sa3mlx.runtime import kernels
 
-PATHS = {"mlx": "0", "fast": "1"}
+PATHS = (kernels.MLX, kernels.COMPILED, kernels.NATIVE)  # `runtime/kernels.py`: MLX's own, MLX-compiled, C++
 
 
 def block_ops(cfg, crop: int) -> list[tuple[str, int, callable, list[mx.array], list[mx.array]]]:
@@ -72,10 +72,6 @@ def block_ops(cfg, crop: int) -> list[tuple[str, int, callable, list[mx.array], 
     xf = rand(1, L, F)
     adapter_tensors = [adapted.adapter_tensors()[n] for n in adapter_names]
 
-    def swiglu_gate(g):
-        value, gate = mx.split(g, 2, axis=-1)
-        return value * kernels.silu(gate)
-
     return [
         ("gemm to_qkv", 1, lambda a: linears["to_qkv"](a), [x], []),
         ("gemm to_out (self, cross)", 2, lambda a: linears["to_out"](a), [x], []),
@@ -88,13 +84,7 @@ def block_ops(cfg, crop: int) -> list[tuple[str, int, callable, list[mx.array], 
         ("softmax self-attention", 1, kernels.softmax, [scores], []),
         ("softmax cross-attention", 1, kernels.softmax, [cross_scores], []),
         ("attention self (whole op)", 1, lambda a, b, c: attention(a, b, c, D**-0.5), [q, k, v], []),
-        (
-            "SiLU gate (SwiGLU)",
-            1,
-            lambda g: (lambda a, b: a * kernels.silu(b))(*mx.split(g, 2, axis=-1)),
-            [gate_in],
-            [],
-        ),
+        ("SiLU gate (SwiGLU)", 1, kernels.swiglu, [gate_in], []),
         ("SiLU local embed", 1, kernels.silu, [rand(1, crop, E)], []),
         ("RMSNorm block (x3)", 3, norm, [x], []),
         ("RMSNorm q/k (x4)", 4, nn.RMSNorm(D), [q], []),
@@ -117,8 +107,8 @@ def time_paths(step, repeats: int) -> dict[str, float]:
     """Min seconds of `step` per kernel path, the paths interleaved so load changes hit both alike."""
     times = {path: [] for path in PATHS}
     for attempt in range(repeats + 1):  # the first round warms up (and compiles) each path
-        for path, switch in PATHS.items():
-            os.environ[kernels.SWITCH] = switch
+        for path in PATHS:
+            os.environ.update(kernels.ENVIRONMENT[path])
             start = time.perf_counter()
             step()
             if attempt:
@@ -158,9 +148,10 @@ def main() -> None:
         for phase, backward in (("fwd", False), ("fwdbwd", True)):
             for path, seconds in time_paths(op_step(fn, inputs, extra, backward), args.repeats).items():
                 row[f"{path}_{phase}"] = 1e3 * count * args.depth * seconds
-    print(f"{'op':<40}{'fwd mlx':>10}{'fwd fast':>10}{'f+b mlx':>10}{'f+b fast':>10}")
+    columns = [f"{path}_{phase}" for phase in ("fwd", "fwdbwd") for path in PATHS]
+    print(f"{'op':<40}" + "".join(f"{c.replace('_fwdbwd', ' f+b').replace('_fwd', ' fwd'):>14}" for c in columns))
     for name, row in table.items():
-        print(f"{name:<40}" + "".join(f"{row[c]:10.1f}" for c in ("mlx_fwd", "fast_fwd", "mlx_fwdbwd", "fast_fwdbwd")))
+        print(f"{name:<40}" + "".join(f"{row[c]:14.1f}" for c in columns))
     small_depth = dataclasses.replace(cfg, depth=args.whole_depth)
     whole = {p: [1e3 * s for s in v] for p, v in whole_model(small_depth, args.crop, args.repeats).items()}
     for path, (fwd, both) in whole.items():

@@ -1,17 +1,34 @@
-"""The fast CPU kernels (runtime/kernels.py) and the memory-bounded attention (models/attention.py)."""
+"""The fast CPU kernels (runtime/kernels.py, runtime/native.py) and the memory-bounded attention
+(models/attention.py)."""
+
+import os
+import subprocess
+import sys
 
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, ROOT
 
 from sa3mlx.models.attention import attention
 from sa3mlx.parity.dit import load_fixture_dit
 from sa3mlx.parity.fixture import Fixture
 from sa3mlx.parity.run import check
-from sa3mlx.runtime import kernels
+from sa3mlx.runtime import kernels, native
 
-BOTH_PATHS = pytest.mark.parametrize("fast", ["1", "0"], ids=["fast", "mlx"])
+FAST_PATHS = pytest.mark.parametrize("path", [kernels.NATIVE, kernels.COMPILED])
+ALL_PATHS = pytest.mark.parametrize("path", [kernels.NATIVE, kernels.COMPILED, kernels.MLX])
+
+
+def use(monkeypatch, path: str) -> None:
+    """Select a kernel path; the native one must load wherever it is supported (skipped elsewhere)."""
+    for name, value in kernels.ENVIRONMENT[path].items():
+        monkeypatch.setenv(name, value)
+    if path == kernels.NATIVE:
+        if not native.supported():
+            pytest.skip("native kernels: this CPU has no AVX2/FMA")
+        assert native.load() is not None, "the native kernels are supported here but did not build or load"
+    assert kernels.kernel_path(mx.zeros((2,))) == path
 
 
 def _grad(fn, *arrays):
@@ -20,18 +37,18 @@ def _grad(fn, *arrays):
     return grads if isinstance(grads, tuple) else (grads,)
 
 
-def test_switch_selects_the_path(monkeypatch):
-    x = mx.zeros((2,))
-    monkeypatch.setenv(kernels.SWITCH, "1")
-    assert kernels.fast_path(x) and not kernels.fast_path(x.astype(mx.float16))
-    monkeypatch.setenv(kernels.SWITCH, "0")
-    assert not kernels.fast_path(x)
-    y = mx.random.normal((64, 33), key=mx.random.key(0))
-    assert mx.array_equal(kernels.sigmoid(y), mx.sigmoid(y))
-    assert mx.array_equal(kernels.softmax(y), mx.softmax(y, axis=-1, precise=True))
+@ALL_PATHS
+def test_switch_selects_the_path(monkeypatch, path):
+    use(monkeypatch, path)
+    assert kernels.kernel_path(mx.zeros((2,), mx.float16)) == kernels.MLX
+    y = mx.random.normal((64, 34), key=mx.random.key(0))
+    same = mx.array_equal(kernels.softmax(y), mx.softmax(y, axis=-1, precise=True))
+    assert same == (path == kernels.MLX)
+    assert mx.array_equal(kernels.sigmoid(y), mx.sigmoid(y)) == (path == kernels.MLX)
 
 
-def test_large_arrays_use_mlx_kernels(monkeypatch):
+def test_large_arrays_use_mlx_kernels_on_the_compiled_path(monkeypatch):
+    use(monkeypatch, kernels.COMPILED)
     x = mx.random.normal((4, 50, 50), key=mx.random.key(5))
     monkeypatch.setattr(kernels, "FAST_MAX_BYTES", x.nbytes - 1)
     assert mx.array_equal(kernels.softmax(x), mx.softmax(x, axis=-1, precise=True))
@@ -49,41 +66,72 @@ def test_exp_is_fp32_accurate_over_the_whole_range():
     assert edges[:3].tolist() == [0.0, 0.0, 0.0] and np.isposinf(edges[3:5]).all() and np.isnan(edges[5])
 
 
-def test_sigmoid_and_silu_are_fp32_accurate_in_their_tails():
+@FAST_PATHS
+def test_sigmoid_and_silu_are_fp32_accurate_in_their_tails(monkeypatch, path):
+    use(monkeypatch, path)
     x = np.linspace(-41, 41, 200_001, dtype=np.float32)
     exact = 1 / (1 + np.exp(-x.astype(np.float64)))
     assert np.max(np.abs(np.array(kernels.sigmoid(mx.array(x))) - exact) / exact) < 2.5e-7
     assert np.max(np.abs(np.array(kernels.silu(mx.array(x))) - x * exact) / np.maximum(np.abs(x * exact), 1e-30)) < 3e-7
     far = np.array(kernels.sigmoid(mx.array([-1e4, -60.0, 60.0, 1e4, -np.inf, np.inf], dtype=mx.float32)))
-    assert far.tolist() == [0.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+    # e^-60 is kept by the native exp (normal floats down to EXP_LO); the compiled one flushes below NEG_LO
+    tiny = np.float32(np.exp(-60.0)) if path == kernels.NATIVE else 0.0
+    assert far[[0, 2, 3, 4, 5]].tolist() == [0.0, 1.0, 1.0, 0.0, 1.0] and np.isclose(far[1], tiny, rtol=1e-6, atol=0)
 
 
+def _swiglu_reference(h):
+    value, gate = mx.split(h, 2, axis=-1)
+    return value * (gate * mx.sigmoid(gate))
+
+
+@FAST_PATHS
 @pytest.mark.parametrize(
     "name, reference",
     [
         ("softmax", lambda x: mx.softmax(x, axis=-1, precise=True)),
         ("sigmoid", mx.sigmoid),
         ("silu", lambda x: x * mx.sigmoid(x)),
+        ("swiglu", _swiglu_reference),
         ("exp", mx.exp),
     ],
 )
-def test_fast_kernels_match_mlx_values_and_gradients(name, reference):
+def test_fast_kernels_match_mlx_values_and_gradients(monkeypatch, path, name, reference):
+    use(monkeypatch, path)
     x = 6 * mx.random.normal((8, 40, 97), key=mx.random.key(1))
+    x = x[..., :96] if name == "swiglu" else x  # halves of an even axis
     fast = getattr(kernels, name)
-    assert kernels.fast_path(x)
     scale = mx.abs(reference(x)).max().item()
     assert mx.abs(fast(x) - reference(x)).max().item() <= 1e-6 * scale
     (got,), (want,) = _grad(fast, x), _grad(reference, x)
     assert mx.abs(got - want).max().item() <= 2e-6 * mx.abs(want).max().item()
 
 
-def test_softmax_along_another_axis():
+@FAST_PATHS
+def test_compiled_steps_take_the_same_path(monkeypatch, path):
+    """Under mx.compile (the train step) the kernels give the eager values and gradients bit for bit."""
+    use(monkeypatch, path)
+    h = 3 * mx.random.normal((2, 30, 2 * 45), key=mx.random.key(8))
+
+    def loss(h):
+        attn = kernels.softmax(h @ h.swapaxes(-1, -2) / 30.0)
+        return (attn @ kernels.swiglu(h)).sum() + kernels.sigmoid(h).sum()
+
+    eager = mx.value_and_grad(loss)(h)
+    compiled = mx.compile(mx.value_and_grad(loss))(h)
+    assert all(mx.array_equal(a, b) for a, b in zip(eager, compiled))
+
+
+@FAST_PATHS
+def test_softmax_along_another_axis(monkeypatch, path):
+    use(monkeypatch, path)
     x = mx.random.normal((5, 7, 3), key=mx.random.key(2))
     want = mx.softmax(x, axis=1, precise=True)
     assert mx.abs(kernels.softmax(x, axis=1) - want).max().item() < 1e-7
 
 
-def test_fast_attention_matches_mlx_sdpa():
+@FAST_PATHS
+def test_fast_attention_matches_mlx_sdpa(monkeypatch, path):
+    use(monkeypatch, path)
     q, k, v = (mx.random.normal((2, 3, 70, 16), key=mx.random.key(i)) for i in range(3))
     mask = mx.random.uniform(shape=(2, 1, 70, 70), key=mx.random.key(3)) > 0.3
     for m in (None, mask):
@@ -91,10 +139,10 @@ def test_fast_attention_matches_mlx_sdpa():
         assert mx.abs(attention(q, k, v, 0.25, m) - want).max().item() < 1e-6
 
 
-@BOTH_PATHS
+@ALL_PATHS
 @pytest.mark.parametrize("masked", [False, True], ids=["plain", "masked"])
-def test_chunked_attention_equals_whole_forward_and_gradient(monkeypatch, fast, masked):
-    monkeypatch.setenv(kernels.SWITCH, fast)
+def test_chunked_attention_equals_whole_forward_and_gradient(monkeypatch, path, masked):
+    use(monkeypatch, path)
     B, H, L, D = 1, 1, 1400, 16  # whole scores 7.5 MiB: the fast kernels take both forms
     q, k, v = (mx.random.normal((B, H, L, D), key=mx.random.key(10 + i)) for i in range(3))
     mask = (mx.random.uniform(shape=(B, 1, L, L), key=mx.random.key(4)) > 0.2) if masked else None
@@ -111,10 +159,11 @@ def test_chunked_attention_equals_whole_forward_and_gradient(monkeypatch, fast, 
         assert mx.abs(got - want).max().item() <= 1e-6 * max(1.0, mx.abs(want).max().item())
 
 
-def test_chunked_attention_keeps_no_whole_score_tensor(monkeypatch):
+@pytest.mark.parametrize("path", [kernels.NATIVE, kernels.MLX])  # chunks are above the compiled path's sizes
+def test_chunked_attention_keeps_no_whole_score_tensor(monkeypatch, path):
     """The chunked backward recomputes each chunk's probabilities in turn: its peak is about the
     forward's (a few chunks in flight), far below the whole form's."""
-    monkeypatch.setenv(kernels.SWITCH, "0")  # chunks of CHUNK_BYTES are always above FAST_MAX_BYTES
+    use(monkeypatch, path)
     B, H, L, D = 1, 4, 2048, 16  # whole scores: 64 MiB
     q, k, v = (mx.random.normal((B, H, L, D), key=mx.random.key(20 + i)) for i in range(3))
     mx.eval(q, k, v)
@@ -136,22 +185,87 @@ def test_chunked_attention_keeps_no_whole_score_tensor(monkeypatch):
     assert backward < 2 * forward
 
 
+@pytest.mark.parametrize("path", [kernels.COMPILED, kernels.MLX])
 @pytest.mark.parametrize("kind, folder", [("dit", "dit_medium"), ("same", "same"), ("train_step", "train_step")])
-def test_parity_holds_on_the_plain_mlx_path(monkeypatch, kind, folder):
-    """The parity tests run the fast path (the CPU default); these the MLX kernels it replaces."""
-    monkeypatch.setenv(kernels.SWITCH, "0")
+def test_parity_holds_on_the_other_paths(monkeypatch, path, kind, folder):
+    """The parity tests run the CPU default (native where it builds); these the paths it replaces."""
+    use(monkeypatch, path)
     report = check(kind, FIXTURES / folder)
     assert report.ok and not report.missing
 
 
-def test_the_dit_runs_through_the_fast_kernels(monkeypatch):
+@FAST_PATHS
+def test_the_dit_runs_through_the_fast_kernels(monkeypatch, path):
+    use(monkeypatch, path)
+    names = {
+        kernels.NATIVE: ("_native_softmax", "_native_sigmoid", "_native_swiglu"),
+        kernels.COMPILED: ("_fast_softmax", "_fast_sigmoid"),
+    }[path]
     calls = []
-    for name in ("_fast_softmax", "_fast_sigmoid"):
+    for name in names:
         original = getattr(kernels, name)
         monkeypatch.setattr(kernels, name, lambda x, f=original, n=name: calls.append(n) or f(x))
+    monkeypatch.setattr(kernels, "_SOFTMAX", {path: getattr(kernels, names[0])})
+    monkeypatch.setattr(kernels, "_SIGMOID", {path: getattr(kernels, names[1])})
     dit, _ = load_fixture_dit(Fixture(FIXTURES / "dit_medium"), "expected.npz")
     inputs = np.load(FIXTURES / "dit_medium" / "inputs.npz")
     mx.eval(dit(*[mx.array(inputs[k]) for k in ("x", "t", "cross_attn_cond", "global_cond", "local_add_cond")]))
     depth, pairs = dit.config.depth, 2  # differential: two softmaxes per attention
-    assert calls.count("_fast_softmax") == 2 * pairs * depth  # self and cross
-    assert calls.count("_fast_sigmoid") == 4 * depth  # SwiGLU and local-embed SiLU, the two gates
+    assert calls.count(names[0]) == 2 * pairs * depth  # self and cross
+    if path == kernels.NATIVE:  # SwiGLU fused; the local-embed SiLU and the two gates' sigmoids
+        assert calls.count("_native_swiglu") == depth and calls.count("_native_sigmoid") == 3 * depth
+    else:  # SwiGLU and local-embed SiLU, the two gates
+        assert calls.count("_fast_sigmoid") == 4 * depth
+
+
+def _native_run(code: str, **env) -> subprocess.CompletedProcess:
+    environment = {**os.environ, **kernels.ENVIRONMENT[kernels.NATIVE], **env}
+    return subprocess.run([sys.executable, "-c", code], env=environment, cwd=ROOT, capture_output=True, text=True)
+
+
+RESULT_BYTES = """
+import hashlib, sa3mlx, mlx.core as mx, numpy as np
+from sa3mlx.runtime import kernels
+assert kernels.kernel_path(mx.zeros(2)) == kernels.{path}
+x = 8 * mx.random.normal((3, 16, 130, 301), key=mx.random.key(4))
+g = mx.random.normal(x.shape, key=mx.random.key(5))
+out = mx.vjp(lambda x: kernels.softmax(x) * kernels.sigmoid(x), [x], [g])
+swiglu = mx.vjp(kernels.swiglu, [x[..., :300]], [g[..., :150]])
+print(hashlib.sha256(b"".join(np.array(a).tobytes() for a in [*out[0], *out[1], *swiglu[0], *swiglu[1]])).hexdigest())
+"""
+
+
+def test_native_results_do_not_depend_on_the_thread_count():
+    if not native.supported():
+        pytest.skip("native kernels: this CPU has no AVX2/FMA")
+    code = RESULT_BYTES.format(path="NATIVE")
+    runs = [_native_run(code, SA3MLX_KERNEL_THREADS=str(n)) for n in (1, 2, 3, 1)]
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    assert len({r.stdout for r in runs}) == 1
+
+
+def test_a_failed_native_build_falls_back_with_one_warning(tmp_path):
+    if not native.supported():
+        pytest.skip("native kernels: this CPU has no AVX2/FMA")
+    result = _native_run(RESULT_BYTES.format(path="COMPILED"), XDG_CACHE_HOME=str(tmp_path), CXX="/bin/false")
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sa3mlx: warning: native CPU kernels unavailable (g++ failed")
+    assert "using MLX-compiled kernels" in lines[0]
+    assert not list(tmp_path.rglob("*.so"))
+
+
+def test_the_native_build_is_cached_per_key(tmp_path, monkeypatch):
+    if not native.supported():
+        pytest.skip("native kernels: this CPU has no AVX2/FMA")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    built = native.build()
+    assert built.is_relative_to(tmp_path / "sa3mlx" / "native") and built.stat().st_size > 0
+    stamp = built.stat().st_mtime_ns
+
+    def no_compiling(out):
+        raise AssertionError("rebuilt a cached extension")
+
+    monkeypatch.setattr(native, "_command", no_compiling)
+    assert native.build() == built and built.stat().st_mtime_ns == stamp
+    assert [p.name for p in built.parent.iterdir() if p.suffix == ".so"] == [built.name]  # no temporary left

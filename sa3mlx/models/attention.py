@@ -84,8 +84,7 @@ def _chunked(rows: int, scale: float, mask: mx.array | None):
             d_out = cotangent[:, :, start:stop]
             dv = dv + p.swapaxes(-1, -2) @ d_out
             dp = d_out @ v.swapaxes(-1, -2)
-            ds = p * dp
-            ds = ds - p * mx.sum(ds, axis=-1, keepdims=True)  # the softmax VJP, as MLX's: s·g - s·Σ(s·g)
+            ds = kernels.softmax_vjp(p, dp)
             if rows_mask is not None:
                 ds = mx.where(rows_mask, ds, 0.0)
             dq.append((ds @ k) * scale)

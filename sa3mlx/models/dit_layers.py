@@ -123,8 +123,7 @@ class SwiGLU(nn.Module):
         self.proj = nn.Linear(dim, 2 * inner)
 
     def __call__(self, x: mx.array) -> mx.array:
-        value, gate = mx.split(self.proj(x), 2, axis=-1)
-        return value * kernels.silu(gate)
+        return kernels.swiglu(self.proj(x))
 
 
 class FeedForward(nn.Module):

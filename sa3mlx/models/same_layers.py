@@ -123,8 +123,10 @@ class Glu(nn.Module):
         self.sinusoidal = sinusoidal
 
     def __call__(self, x: mx.array) -> mx.array:
+        if not self.sinusoidal:
+            return kernels.swiglu(self.proj(x))
         value, gate = mx.split(self.proj(x), 2, axis=-1)
-        return value * (mx.sin(SIN_GATE_SCALE * gate) if self.sinusoidal else kernels.silu(gate))
+        return value * mx.sin(SIN_GATE_SCALE * gate)
 
 
 class FeedForward(nn.Module):

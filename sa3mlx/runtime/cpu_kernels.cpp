@@ -1,0 +1,296 @@
+// AVX2/FMA kernels for MLX's x86 CPU backend: softmax, sigmoid and SwiGLU with their backward
+// passes, each an MLX primitive evaluated row by row in one pass over memory, rows split over the
+// cores. Built and loaded by sa3mlx/runtime/native.py, which passes the exp constants of
+// sa3mlx/runtime/kernels.py as macros (SA3_*); the VJPs are wired in Python (kernels.py).
+// Every row is computed by one thread in a fixed order, so results do not depend on the thread count.
+#include <immintrin.h>
+#include <nanobind/nanobind.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/mlx.h"
+#include "mlx/primitives.h"
+
+namespace nb = nanobind;
+namespace mx = mlx::core;
+
+namespace {
+
+constexpr int W = 8;  // floats per __m256
+constexpr size_t ELEMENTS_PER_THREAD = 1 << 16;  // below this much work a row range stays on one thread
+
+// e^x for x <= 0 (Cody-Waite reduction x = n·ln2 + r, the polynomial of kernels.py, 2^n from the
+// exponent bits); 0 below SA3_EXP_LO, NaN kept.
+inline __m256 exp_nonpositive(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(SA3_EXP_LO);
+  const __m256 xc = _mm256_max_ps(lo, x);  // operand order keeps NaN
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(SA3_LOG2E)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SA3_LN2_HI), xc);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SA3_LN2_LO), r);
+  __m256 p = _mm256_set1_ps(SA3_C5);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SA3_C4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SA3_C3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SA3_C2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SA3_C1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SA3_C0));
+  const __m256 e_r = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 value = _mm256_mul_ps(e_r, _mm256_castsi256_ps(bits));
+  return _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), value);
+}
+
+// sigmoid(x) = 1/(1+e^-x) for x >= 0, e^x/(1+e^x) below, with e = e^-|x| (no overflow)
+inline __m256 sigmoid8(__m256 x) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 e = exp_nonpositive(_mm256_xor_ps(_mm256_and_ps(x, abs_mask), _mm256_set1_ps(-0.0f)));
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 numerator = _mm256_blendv_ps(e, one, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ));
+  return _mm256_div_ps(numerator, _mm256_add_ps(one, e));
+}
+
+// lanes [0, count) of a partial vector, for the tail of a row
+inline __m256i tail_mask(int count) {
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), lanes);
+}
+
+inline float horizontal_sum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline float horizontal_max(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// f(i, lanes) over [0, n) in blocks of W, the last block masked to `lanes`
+template <class F>
+inline void for_blocks(int n, F f) {
+  int i = 0;
+  for (; i + W <= n; i += W) f(i, W);
+  if (i < n) f(i, n - i);
+}
+
+inline __m256 load(const float* p, int lanes) {
+  return lanes == W ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, tail_mask(lanes));
+}
+
+inline void store(float* p, __m256 v, int lanes) {
+  if (lanes == W) {
+    _mm256_storeu_ps(p, v);
+  } else {
+    _mm256_maskstore_ps(p, tail_mask(lanes), v);
+  }
+}
+
+void softmax_row(const float* x, float* out, int n) {
+  __m256 m = _mm256_set1_ps(-INFINITY);
+  for_blocks(n, [&](int i, int lanes) {
+    const __m256 v = load(x + i, lanes);
+    m = _mm256_max_ps(m, lanes == W ? v : _mm256_blendv_ps(m, v, _mm256_castsi256_ps(tail_mask(lanes))));
+  });
+  const __m256 row_max = _mm256_set1_ps(horizontal_max(m));
+  __m256 total = _mm256_setzero_ps();
+  for_blocks(n, [&](int i, int lanes) {
+    __m256 e = exp_nonpositive(_mm256_sub_ps(load(x + i, lanes), row_max));
+    if (lanes < W) e = _mm256_and_ps(e, _mm256_castsi256_ps(tail_mask(lanes)));
+    total = _mm256_add_ps(total, e);
+    store(out + i, e, lanes);
+  });
+  const __m256 normalizer = _mm256_set1_ps(1.0f / horizontal_sum(total));
+  for_blocks(n, [&](int i, int lanes) { store(out + i, _mm256_mul_ps(load(out + i, lanes), normalizer), lanes); });
+}
+
+// dx = s·g - s·Σ(s·g), MLX's softmax VJP
+void softmax_vjp_row(const float* s, const float* g, float* dx, int n) {
+  __m256 total = _mm256_setzero_ps();
+  for_blocks(n, [&](int i, int lanes) {
+    total = _mm256_fmadd_ps(load(s + i, lanes), load(g + i, lanes), total);  // masked lanes load 0
+  });
+  const __m256 dot = _mm256_set1_ps(horizontal_sum(total));
+  for_blocks(n, [&](int i, int lanes) {
+    const __m256 sv = load(s + i, lanes);
+    store(dx + i, _mm256_fnmadd_ps(sv, dot, _mm256_mul_ps(sv, load(g + i, lanes))), lanes);
+  });
+}
+
+void sigmoid_row(const float* x, float* out, int n) {
+  for_blocks(n, [&](int i, int lanes) { store(out + i, sigmoid8(load(x + i, lanes)), lanes); });
+}
+
+// row of h = [value | gate] (2n) -> value·gate·sigmoid(gate) (n)
+void swiglu_row(const float* h, float* out, int n) {
+  for_blocks(n, [&](int i, int lanes) {
+    const __m256 gate = load(h + n + i, lanes);
+    const __m256 silu = _mm256_mul_ps(gate, sigmoid8(gate));
+    store(out + i, _mm256_mul_ps(load(h + i, lanes), silu), lanes);
+  });
+}
+
+// d value = g·silu(gate); d gate = g·value·s·(1 + gate·(1 - s)), s = sigmoid(gate); dh may alias h
+void swiglu_vjp_row(const float* h, const float* g, float* dh, int n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for_blocks(n, [&](int i, int lanes) {
+    const __m256 value = load(h + i, lanes), gate = load(h + n + i, lanes), gv = load(g + i, lanes);
+    const __m256 s = sigmoid8(gate);
+    const __m256 d_silu = _mm256_mul_ps(gv, value);
+    const __m256 slope = _mm256_mul_ps(s, _mm256_fmadd_ps(gate, _mm256_sub_ps(one, s), one));
+    store(dh + i, _mm256_mul_ps(gv, _mm256_mul_ps(gate, s)), lanes);
+    store(dh + n + i, _mm256_mul_ps(d_silu, slope), lanes);
+  });
+}
+
+int available_cores() {
+  if (const char* forced = std::getenv("SA3MLX_KERNEL_THREADS")) return std::max(1, std::atoi(forced));
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+// body(first_row, last_row) over [0, rows), split in contiguous ranges over up to the available cores
+template <class F>
+void parallel_rows(int64_t rows, int64_t row_elements, F body) {
+  static const int cores = available_cores();
+  const int64_t by_work = std::max<int64_t>(1, rows * row_elements / ELEMENTS_PER_THREAD);
+  const int threads = static_cast<int>(std::min<int64_t>({cores, by_work, rows}));
+  if (threads <= 1) {
+    body(int64_t{0}, rows);
+    return;
+  }
+  std::vector<std::thread> workers;
+  for (int t = 1; t < threads; ++t) workers.emplace_back(body, rows * t / threads, rows * (t + 1) / threads);
+  body(int64_t{0}, rows / threads);
+  for (auto& w : workers) w.join();
+}
+
+void check_rows(const mx::array& a, const char* op) {
+  if (a.dtype() != mx::float32 || !a.flags().row_contiguous) {
+    throw std::invalid_argument(std::string(op) + ": expects a row-contiguous float32 array");
+  }
+}
+
+// output buffer: the donated input's when it may be overwritten row by row, else a new one
+void allocate(mx::array& out, const mx::array& donor) {
+  if (donor.is_donatable() && donor.nbytes() == out.nbytes() && donor.flags().row_contiguous) {
+    out.copy_shared_buffer(donor);
+  } else {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+  }
+}
+
+class RowPrimitive : public mx::Primitive {
+ public:
+  enum class Kind { Softmax, SoftmaxVjp, Sigmoid, SwiGLU, SwiGLUVjp };
+  RowPrimitive(mx::Stream stream, Kind kind) : mx::Primitive(stream), kind_(kind) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    for (const auto& a : inputs) check_rows(a, name());
+    auto& out = outputs[0];
+    const auto& x = inputs[0];
+    const int64_t n = x.ndim() == 0 ? 1 : x.shape(-1);
+    const int64_t rows = n == 0 ? 0 : x.size() / n;
+    allocate(out, kind_ == Kind::SoftmaxVjp ? inputs[1] : x);
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs) encoder.set_input_array(a);
+    encoder.set_output_array(out);
+    const float* a0 = x.data<float>();
+    const float* a1 = inputs.size() > 1 ? inputs[1].data<float>() : nullptr;
+    float* o = out.data<float>();
+    encoder.dispatch([kind = kind_, a0, a1, o, rows, n]() {
+      parallel_rows(rows, n, [=](int64_t first, int64_t last) {
+        for (int64_t r = first; r < last; ++r) {
+          switch (kind) {
+            case Kind::Softmax: softmax_row(a0 + r * n, o + r * n, n); break;
+            case Kind::SoftmaxVjp: softmax_vjp_row(a0 + r * n, a1 + r * n, o + r * n, n); break;
+            case Kind::Sigmoid: sigmoid_row(a0 + r * n, o + r * n, n); break;
+            case Kind::SwiGLU: swiglu_row(a0 + r * n, o + r * (n / 2), n / 2); break;
+            case Kind::SwiGLUVjp: swiglu_vjp_row(a0 + r * n, a1 + r * (n / 2), o + r * n, n / 2); break;
+          }
+        }
+      });
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("sa3mlx native kernels run on the CPU only");
+  }
+
+  const char* name() const override {
+    switch (kind_) {
+      case Kind::Softmax: return "Sa3Softmax";
+      case Kind::SoftmaxVjp: return "Sa3SoftmaxVjp";
+      case Kind::Sigmoid: return "Sa3Sigmoid";
+      case Kind::SwiGLU: return "Sa3SwiGLU";
+      default: return "Sa3SwiGLUVjp";
+    }
+  }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* same = dynamic_cast<const RowPrimitive*>(&other);
+    return same != nullptr && same->kind_ == kind_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    auto shape = inputs[0].shape();
+    if (kind_ == Kind::SwiGLU) shape.back() /= 2;
+    return {shape};
+  }
+
+ private:
+  Kind kind_;
+};
+
+mx::array row_op(RowPrimitive::Kind kind, std::vector<mx::array> inputs, mx::Shape shape) {
+  for (auto& a : inputs) {
+    if (a.dtype() != mx::float32) throw std::invalid_argument("sa3mlx native kernels take float32 only");
+    a = mx::contiguous(a);  // shares the buffer when already row-contiguous
+  }
+  auto stream = mx::default_stream(mx::Device::cpu);
+  return mx::array(std::move(shape), mx::float32, std::make_shared<RowPrimitive>(stream, kind), std::move(inputs));
+}
+
+mx::array softmax(const mx::array& x) { return row_op(RowPrimitive::Kind::Softmax, {x}, x.shape()); }
+
+mx::array softmax_vjp(const mx::array& s, const mx::array& g) {
+  if (s.shape() != g.shape()) throw std::invalid_argument("softmax_vjp: s and g differ in shape");
+  return row_op(RowPrimitive::Kind::SoftmaxVjp, {s, g}, s.shape());
+}
+
+mx::array sigmoid(const mx::array& x) { return row_op(RowPrimitive::Kind::Sigmoid, {x}, x.shape()); }
+
+mx::array swiglu(const mx::array& h) {
+  if (h.ndim() == 0 || h.shape(-1) % 2 != 0) throw std::invalid_argument("swiglu: last axis must be even");
+  auto shape = h.shape();
+  shape.back() /= 2;
+  return row_op(RowPrimitive::Kind::SwiGLU, {h}, shape);
+}
+
+mx::array swiglu_vjp(const mx::array& h, const mx::array& g) {
+  auto half = h.shape();
+  if (half.empty() || half.back() % 2 != 0) throw std::invalid_argument("swiglu_vjp: last axis must be even");
+  half.back() /= 2;
+  if (g.shape() != half) throw std::invalid_argument("swiglu_vjp: g must have h's shape with half its last axis");
+  return row_op(RowPrimitive::Kind::SwiGLUVjp, {h, g}, h.shape());
+}
+
+}  // namespace
+
+NB_MODULE(_sa3mlx_cpu, m) {
+  m.def("softmax", &softmax, "softmax over the last axis");
+  m.def("softmax_vjp", &softmax_vjp, "s·g - s·Σ(s·g) over the last axis");
+  m.def("sigmoid", &sigmoid);
+  m.def("swiglu", &swiglu, "h = [value | gate] on the last axis -> value·silu(gate)");
+  m.def("swiglu_vjp", &swiglu_vjp, "the gradient w.r.t. h of swiglu(h) for cotangent g");
+}

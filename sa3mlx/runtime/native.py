@@ -1,0 +1,194 @@
+"""The native CPU kernels (`cpu_kernels.cpp`): built once per machine, cached, loaded on demand.
+
+An MLX C++ extension (nanobind, AVX2/FMA) with softmax, sigmoid and SwiGLU and their backward
+passes as MLX primitives. It is built with the system's g++ (the compiler MLX's CPU `mx.compile`
+already needs) against the installed MLX and nanobind, into
+`$XDG_CACHE_HOME/sa3mlx/native/<key>/` (key: the source, the exp constants, the MLX, nanobind and
+Python versions and the compiler), atomically, under a file lock. `./dev` builds it at set-up
+(`python -m sa3mlx.runtime.native`); a process that finds none builds it at its first use.
+
+`load()` is the module, or None with one warning line on stderr when it cannot be had (no g++, no
+nanobind, a failed build or self-check); then `runtime/kernels.py` falls back to its MLX-compiled
+kernels. Only x86-64 CPUs with AVX2 and FMA take it (elsewhere MLX's own kernels are vectorised, or
+the fallback runs, silently). SA3MLX_NATIVE_KERNELS=0 turns it off.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+SWITCH = "SA3MLX_NATIVE_KERNELS"
+SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+MODULE = "_sa3mlx_cpu"  # NB_MODULE name in the source
+NB_DOMAIN = "mlx"  # MLX's Python module is built in this nanobind domain: arrays pass only within it
+FLAGS = ("-O3", "-std=c++20", "-mavx2", "-mfma", "-shared", "-fPIC", "-fvisibility=hidden", "-DNDEBUG")
+
+
+def supported() -> bool:
+    """x86-64 Linux with AVX2 and FMA, and not switched off."""
+    return os.environ.get(SWITCH, "1").lower() not in ("0", "off", "false") and _cpu_has_avx2_fma()
+
+
+@functools.cache
+def _cpu_has_avx2_fma() -> bool:
+    if platform.machine() not in ("x86_64", "AMD64") or sys.platform != "linux":
+        return False
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx2" in flags and "fma" in flags
+
+
+def load():
+    """The extension module, or None: unsupported here, switched off, or not to be had (said once)."""
+    return _load() if supported() else None
+
+
+@functools.cache
+def _load():
+    try:
+        module = _import(build())
+        _self_check(module)
+        return module
+    except Exception as error:  # noqa: BLE001 — any failure means the fallback, said once
+        reason = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+        warning = f"sa3mlx: warning: native CPU kernels unavailable ({reason}); using MLX-compiled kernels"
+        print(warning, file=sys.stderr)
+        return None
+
+
+def build(force: bool = False) -> Path:
+    """Path of the built extension, building it first when the cache has none for this key."""
+    target = _cache_dir() / _key() / f"{MODULE}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    if target.exists() and not force:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same key
+        if target.exists() and not force:
+            return target
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            out = Path(tmp) / target.name
+            result = subprocess.run(_command(out), capture_output=True, text=True)
+            if result.returncode != 0:
+                raise RuntimeError(f"g++ failed: {result.stderr.strip()[-2000:]}")
+            os.replace(out, target)  # atomic: a reader never loads a half-written file
+    return target
+
+
+def _constants() -> dict[str, float]:
+    from sa3mlx.runtime import kernels  # its exp scheme is the one home of these numbers
+
+    named = {
+        "LOG2E": kernels.LOG2E,
+        "LN2_HI": kernels.LN2_HI,
+        "LN2_LO": kernels.LN2_LO,
+        "EXP_LO": kernels.EXP_LO,
+    }
+    named.update({f"C{i}": c for i, c in enumerate(kernels.EXP_POLY)})
+    return named
+
+
+def _command(out: Path) -> list[str]:
+    import mlx.core as mx
+    import nanobind
+
+    mlx_root = Path(mx.__file__).parent
+    mlx_lib = mlx_root / "lib"
+    defines = [f"-DSA3_{name}={value!r}f" for name, value in _constants().items()]
+    return [
+        _compiler(),
+        *FLAGS,
+        f"-DNB_DOMAIN={NB_DOMAIN}",
+        *defines,
+        f"-I{mlx_root / 'include'}",
+        f"-I{nanobind.include_dir()}",
+        f"-I{Path(nanobind.source_dir()).parent / 'ext' / 'robin_map' / 'include'}",
+        f"-I{sysconfig.get_paths()['include']}",
+        str(SOURCE),
+        str(Path(nanobind.source_dir()) / "nb_combined.cpp"),
+        f"-L{mlx_lib}",
+        "-lmlx",
+        f"-Wl,-rpath,{mlx_lib}",
+        "-o",
+        str(out),
+    ]
+
+
+def _compiler() -> str:
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not compiler:
+        raise RuntimeError("no C++ compiler (g++) found")
+    return compiler
+
+
+def _key() -> str:
+    parts = [
+        SOURCE.read_bytes().hex(),
+        repr(sorted(_constants().items())),
+        repr(FLAGS),
+        NB_DOMAIN,
+        importlib.metadata.version("mlx"),
+        _nanobind_version(),
+        sys.version,
+        subprocess.run([_compiler(), "--version"], capture_output=True, text=True).stdout,
+    ]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _nanobind_version() -> str:
+    try:
+        return importlib.metadata.version("nanobind")
+    except importlib.metadata.PackageNotFoundError:
+        raise RuntimeError("nanobind is not installed (pip install nanobind)") from None
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "sa3mlx" / "native"
+
+
+def _import(path: Path):
+    spec = importlib.util.spec_from_file_location(MODULE, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _self_check(module) -> None:
+    """The module takes and returns MLX arrays (the nanobind ABI matches) and agrees with MLX."""
+    import mlx.core as mx
+
+    x = mx.linspace(-30.0, 30.0, 3 * 37).reshape(3, 37)
+    worst = mx.max(mx.abs(module.softmax(x) - mx.softmax(x, axis=-1, precise=True))).item()
+    if not worst < 1e-6:
+        raise RuntimeError(f"self-check failed: softmax differs from MLX's by {worst:.3g}")
+
+
+def main() -> int:
+    """`python -m sa3mlx.runtime.native`: build (or find) the extension and say where it is."""
+    if not supported():
+        print("sa3mlx: native CPU kernels: not used on this machine (needs x86-64 Linux with AVX2 and FMA)")
+        return 0
+    module = load()
+    if module is None:
+        return 1
+    print(f"sa3mlx: native CPU kernels: {build()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
