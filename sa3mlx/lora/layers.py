@@ -138,16 +138,29 @@ class AdaptedLayer(nn.Module):
     def apply_unmaterialized(self, x: mx.array) -> mx.array:
         """base(x·col) + c·branch(x·col), times row: the adapted layer without building its weight."""
         tensors = self.adapter_tensors()
+        left, right = low_rank_factors(self.kind, tensors)
+        weight = self.weight.astype(compute_dtype(self.weight.dtype))
+        y = w_right = None
+        if self.kind.directional and self.kind.norm == "rows" and self.stacks(x, weight):
+            y, w_right = self.apply_stacked(x, weight, right)
         row = col = None
         if self.kind.directional:
             squares = self.base_squares()
-            row, col = direction_gains(self.weight_2d(), self.kind, tensors, self.scale, self.strength, squares)
+            row, col = direction_gains(
+                self.weight_2d(), self.kind, tensors, self.scale, self.strength, squares, w_right
+            )
         if col is not None:
             x = x * col
-        left, right = low_rank_factors(self.kind, tensors)
-        y = self.apply(x, self.weight.astype(compute_dtype(self.weight.dtype)))
+        y = self.apply(x, weight) if y is None else y
         y = y + (self.scale * self.strength) * (self.apply(x, self.weight_from_2d(right)) @ left.T)
         return y * row if row is not None else y
+
+    def stacks(self, x: mx.array, weight: mx.array) -> bool:
+        """Whether `apply_stacked` gives this layer's x·Wᵀ and W·Rᵀ (fp32 linear layers)."""
+        return False
+
+    def apply_stacked(self, x: mx.array, weight: mx.array, right: mx.array) -> tuple[mx.array, mx.array]:
+        raise NotImplementedError
 
     def has_fast_form(self) -> bool:
         return True
@@ -188,6 +201,17 @@ class LoRALinear(AdaptedLayer):
 
     def apply(self, x: mx.array, weight: mx.array) -> mx.array:
         return x @ weight.T
+
+    def stacks(self, x: mx.array, weight: mx.array) -> bool:
+        return x.dtype == weight.dtype == mx.float32
+
+    def apply_stacked(self, x: mx.array, weight: mx.array, right: mx.array) -> tuple[mx.array, mx.array]:
+        """(x·Wᵀ, W·Rᵀ) from one matmul, R's rows stacked under x's: the frozen W is read (and packed by
+        the BLAS) once per call and once per backward instead of twice; each product row is the same
+        dot products as alone (measured bit-identical on OpenBLAS)."""
+        rows = x.reshape(-1, x.shape[-1])
+        y, r_w = mx.split(mx.concatenate([rows, right]) @ weight.T, [rows.shape[0]])
+        return y.reshape(*x.shape[:-1], weight.shape[0]), r_w.T
 
 
 class LoRAConv1d(AdaptedLayer):

@@ -81,12 +81,13 @@ def direction_gains(
     scale: float,
     strength: float,
     squares: dict[str, mx.array] | None = None,
+    w_right: mx.array | None = None,
 ) -> tuple[mx.array | None, mx.array | None]:
     """(row gain (fan_out,) or None, column gain (fan_in,) or None) such that the DoRA/BoRA weight
     is diag(row)·(W + c·ΔL·ΔR)·diag(col), c = s·λ, from the norm identities (no (out, in) Δ):
     ‖V‖²_row = Σ W² + 2c·rowsum((W Rᵀ) ⊙ L) + c²·rowsum((L R Rᵀ) ⊙ L), and per column with weights q
     ‖diag(√q)V‖²_col = qᵀ(W⊙W) + 2c·colsum(R ⊙ ((q⊙L)ᵀ W)) + c²·colsum(R ⊙ (Lᵀ(q⊙L) R)).
-    `squares`: `base_squares(w2, kind)`, computed beforehand (else here)."""
+    `squares`: `base_squares(w2, kind)`, computed beforehand (else here); `w_right`: W·Rᵀ, likewise."""
     left, right = low_rank_factors(kind, p)
     c = scale * strength
     w = w2.astype(mx.float32)
@@ -95,7 +96,7 @@ def direction_gains(
     if kind.norm in ("rows", "both"):
         sq = (
             (squares["rows"] if "rows" in squares else mx.sum(w * w, axis=1))
-            + 2 * c * mx.sum((w @ right.T) * left, axis=1)
+            + 2 * c * mx.sum((w @ right.T if w_right is None else w_right) * left, axis=1)
             + c * c * mx.sum((left @ (right @ right.T)) * left, axis=1)
         )
         magnitude = p["magnitude"] if kind.norm == "rows" else p["magnitude_r"]

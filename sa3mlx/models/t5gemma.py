@@ -93,7 +93,7 @@ class GeGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(nn.gelu_approx(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(kernels.gelu_approx(self.gate_proj(x)) * self.up_proj(x))
 
 
 class EncoderLayer(nn.Module):

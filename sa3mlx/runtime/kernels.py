@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from sa3mlx.runtime import native
 from sa3mlx.runtime.precision import on_cpu
@@ -204,6 +205,18 @@ def sigmoid(x: mx.array) -> mx.array:
 def silu(x: mx.array) -> mx.array:
     """x·sigmoid(x); its gradient by autodiff of the product, from the saved sigmoid (no second exp)."""
     return x * sigmoid(x)
+
+
+GELU_TANH_SCALE = 2 * (2 / 3.141592653589793) ** 0.5  # 0.5·(1 + tanh(z)) = sigmoid(2z)
+GELU_CUBIC = 0.044715
+
+
+def gelu_approx(x: mx.array) -> mx.array:
+    """The tanh GELU, 0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³))), on the fast paths as x·sigmoid(2·√(2/π)(…))
+    (the same function; no tanh, which MLX's x86 CPU backend evaluates at SIMD width 1)."""
+    if kernel_path(x) == MLX:
+        return nn.gelu_approx(x)
+    return x * sigmoid(GELU_TANH_SCALE * (x + GELU_CUBIC * (x * x * x)))
 
 
 def swiglu(h: mx.array) -> mx.array:
