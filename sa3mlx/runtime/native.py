@@ -58,16 +58,32 @@ def load():
 
 
 @functools.cache
-def _load():
+def _load(retry: bool = False):
+    """A build that failed for these inputs is not retried by every process: its marker file keeps the
+    reason, the warning is printed once, and `python -m sa3mlx.runtime.native` (./dev) tries again."""
+    marker = _failure_marker()
+    if marker.exists() and not retry:
+        return None
     try:
         module = _import(build())
         _self_check(module)
+        marker.unlink(missing_ok=True)
         return module
     except Exception as error:  # noqa: BLE001 — any failure means the fallback, said once
         reason = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
         warning = f"sa3mlx: warning: native CPU kernels unavailable ({reason}); using MLX-compiled kernels"
         print(warning, file=sys.stderr)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=marker.parent, delete=False) as tmp:
+            tmp.write(warning + "\n")
+        os.replace(tmp.name, marker)
         return None
+
+
+def _failure_marker() -> Path:
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or "none"
+    inputs = "\n".join([*_inputs(), compiler])
+    return _cache_dir() / f"failed-{hashlib.sha256(inputs.encode()).hexdigest()[:16]}"
 
 
 def build(force: bool = False) -> Path:
@@ -104,7 +120,11 @@ def _constants() -> dict[str, float]:
 
 def _command(out: Path) -> list[str]:
     import mlx.core as mx
-    import nanobind
+
+    try:
+        import nanobind
+    except ImportError:
+        raise RuntimeError("nanobind is not installed (pip install nanobind)") from None
 
     mlx_root = Path(mx.__file__).parent
     mlx_lib = mlx_root / "lib"
@@ -135,25 +155,29 @@ def _compiler() -> str:
     return compiler
 
 
-def _key() -> str:
-    parts = [
-        SOURCE.read_bytes().hex(),
+def _inputs() -> list[str]:
+    """What the build depends on, but the compiler."""
+    return [
+        hashlib.sha256(SOURCE.read_bytes()).hexdigest(),
         repr(sorted(_constants().items())),
         repr(FLAGS),
         NB_DOMAIN,
         importlib.metadata.version("mlx"),
         _nanobind_version(),
         sys.version,
-        subprocess.run([_compiler(), "--version"], capture_output=True, text=True).stdout,
     ]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _key() -> str:
+    compiler = subprocess.run([_compiler(), "--version"], capture_output=True, text=True).stdout
+    return hashlib.sha256("\n".join([*_inputs(), compiler]).encode()).hexdigest()[:16]
 
 
 def _nanobind_version() -> str:
     try:
         return importlib.metadata.version("nanobind")
     except importlib.metadata.PackageNotFoundError:
-        raise RuntimeError("nanobind is not installed (pip install nanobind)") from None
+        return "none"
 
 
 def _cache_dir() -> Path:
@@ -178,15 +202,18 @@ def _self_check(module) -> None:
         raise RuntimeError(f"self-check failed: softmax differs from MLX's by {worst:.3g}")
 
 
-def main() -> int:
-    """`python -m sa3mlx.runtime.native`: build (or find) the extension and say where it is."""
+def main(argv: list[str] | None = None) -> int:
+    """`python -m sa3mlx.runtime.native [--quiet]`: build (or find) the extension, retrying a failed
+    build, and say where it is (--quiet: only a failure, as one warning line)."""
+    quiet = "--quiet" in (sys.argv[1:] if argv is None else argv)
     if not supported():
-        print("sa3mlx: native CPU kernels: not used on this machine (needs x86-64 Linux with AVX2 and FMA)")
+        if not quiet:
+            print("sa3mlx: native CPU kernels: not used on this machine (needs x86-64 Linux with AVX2 and FMA)")
         return 0
-    module = load()
-    if module is None:
+    if _load(retry=True) is None:
         return 1
-    print(f"sa3mlx: native CPU kernels: {build()}")
+    if not quiet:
+        print(f"sa3mlx: native CPU kernels: {build()}")
     return 0
 
 
