@@ -136,10 +136,11 @@ def project(rows: list[dict], depth: int) -> dict:
     for key in ("peak_gb", "rss_gb"):
         slope, intercept = linear_fit(depths, [r[key] for r in rows])
         out[key] = intercept + slope * depth
-    out["step_s"] = [
+    # min, median and max each fitted on their own can cross at the far end: report them in order
+    out["step_s"] = sorted(
         intercept + slope * depth
         for slope, intercept in (linear_fit(depths, [r["step_s"][i] for r in rows]) for i in range(3))
-    ]
+    )
     cfg = dataclasses.replace(SIZES[rows[0]["model"]], depth=depth)
     shape = StepShape(rows[0]["crop"], 1, rows[0]["ckpt"])
     out["estimate_gb"] = estimate_peak_bytes(cfg, shape, weight_bytes(cfg, rows[0])) / GB
