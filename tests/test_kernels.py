@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from conftest import FIXTURES, ROOT
@@ -92,6 +93,7 @@ def _swiglu_reference(h):
         ("sigmoid", mx.sigmoid),
         ("silu", lambda x: x * mx.sigmoid(x)),
         ("swiglu", _swiglu_reference),
+        ("gelu_approx", nn.gelu_approx),
         ("exp", mx.exp),
     ],
 )

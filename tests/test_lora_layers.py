@@ -208,3 +208,32 @@ def test_unmaterialized_gradients_equal_materialized(name):
     full, fast = grads(True), grads(False)
     for key in full:
         assert np.allclose(np.array(fast[key]), np.array(full[key]), atol=1e-4, rtol=1e-4), key
+
+
+@pytest.mark.parametrize("name", ["dora-rows", "dora-rows-xs"])
+def test_the_stacked_matmul_gives_the_separate_products(monkeypatch, name):
+    """dora-rows takes x·Wᵀ and W·Rᵀ from one matmul (`LoRALinear.apply_stacked`): the layer's output
+    and its gradients are those of the two matmuls apart."""
+    base = nn.Linear(48, 40, bias=True)
+    layer = wrap(base, name, 4, key=mx.random.key(3), materialize=False)
+    layer.update(
+        {k: v + 0.1 * mx.random.normal(v.shape, key=mx.random.key(9)) for k, v in layer.adapter_tensors().items()}
+    )
+    x = mx.random.normal((2, 7, 48), key=mx.random.key(4))
+    names = sorted(layer.adapter_tensors())
+
+    def value_and_grads():
+        def loss(x, *tensors):
+            layer.update(dict(zip(names, tensors)))
+            return (layer(x) ** 2).sum()
+
+        tensors = [layer.adapter_tensors()[n] for n in names]
+        return mx.value_and_grad(loss, argnums=tuple(range(len(names) + 1)))(x, *tensors)
+
+    assert layer.stacks(x, base.weight)
+    stacked_loss, stacked = value_and_grads()
+    monkeypatch.setattr(LoRALinear, "stacks", lambda self, x, w: False)
+    separate_loss, separate = value_and_grads()
+    assert abs(stacked_loss.item() - separate_loss.item()) <= 1e-6 * abs(separate_loss.item())
+    for got, want in zip(stacked, separate):
+        assert mx.abs(got - want).max().item() <= 1e-6 * mx.abs(want).max().item()

@@ -26,6 +26,7 @@ with SA3MLX_FAST_KERNELS=0 (SA3MLX_NATIVE_KERNELS=0 leaves the compiled kernels 
 
 from __future__ import annotations
 
+import math
 import os
 
 import mlx.core as mx
@@ -207,7 +208,7 @@ def silu(x: mx.array) -> mx.array:
     return x * sigmoid(x)
 
 
-GELU_TANH_SCALE = 2 * (2 / 3.141592653589793) ** 0.5  # 0.5·(1 + tanh(z)) = sigmoid(2z)
+GELU_TANH_SCALE = 2 * math.sqrt(2 / math.pi)  # 0.5·(1 + tanh(z)) = sigmoid(2z)
 GELU_CUBIC = 0.044715
 
 
