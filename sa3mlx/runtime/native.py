@@ -7,9 +7,10 @@ already needs) against the installed MLX and nanobind, into
 Python versions and the compiler), atomically, under a file lock. `./dev` builds it at set-up
 (`python -m sa3mlx.runtime.native`); a process that finds none builds it at its first use.
 
-`load()` is the module, or None with one warning line on stderr when it cannot be had (no g++, no
-nanobind, a failed build or self-check); then `runtime/kernels.py` falls back to its MLX-compiled
-kernels. Only x86-64 CPUs with AVX2 and FMA take it (elsewhere MLX's own kernels are vectorised, or
+`load()` is the module, or None when it cannot be had (no g++, no nanobind, a failed build or
+self-check): one warning line on stderr, once per machine (a marker file in the cache keeps the
+reason; `python -m sa3mlx.runtime.native` retries); then `runtime/kernels.py` falls back to its
+MLX-compiled kernels. Only x86-64 CPUs with AVX2 and FMA take it (elsewhere MLX's own kernels are vectorised, or
 the fallback runs, silently). SA3MLX_NATIVE_KERNELS=0 turns it off.
 """
 
