@@ -126,20 +126,23 @@ def _fast_softmax(x):
     return _compiled[_softmax_last](x)
 
 
+def _softmax_grad(s: mx.array, cotangent: mx.array) -> mx.array:
+    sg = s * cotangent  # MLX's own softmax VJP: s·g - s·Σ(s·g)
+    return sg - s * mx.sum(sg, axis=-1, keepdims=True)
+
+
 @_fast_softmax.vjp
 def _fast_softmax_vjp(x, cotangent, s):
-    sg = s * cotangent  # MLX's own softmax VJP: s·g - s·Σ(s·g)
-    return (sg - s * mx.sum(sg, axis=-1, keepdims=True),)
+    return (_softmax_grad(s, cotangent),)
+
+
+def _sigmoid_vjp(x, cotangent, s):
+    return (cotangent * (s * (1.0 - s)),)
 
 
 @mx.custom_function
 def _fast_sigmoid(x):
     return _compiled[_sigmoid](x)
-
-
-@_fast_sigmoid.vjp
-def _fast_sigmoid_vjp(x, cotangent, s):
-    return (cotangent * (s * (1.0 - s)),)
 
 
 @mx.custom_function
@@ -157,9 +160,8 @@ def _native_sigmoid(x):
     return native.load().sigmoid(x)
 
 
-@_native_sigmoid.vjp
-def _native_sigmoid_vjp(x, cotangent, s):
-    return (cotangent * (s * (1.0 - s)),)
+_fast_sigmoid.vjp(_sigmoid_vjp)
+_native_sigmoid.vjp(_sigmoid_vjp)
 
 
 @mx.custom_function
@@ -194,8 +196,7 @@ def softmax_vjp(s: mx.array, cotangent: mx.array) -> mx.array:
     """The gradient of softmax over the last axis from its output s: s·g - s·Σ(s·g), as MLX's."""
     if kernel_path(s) == NATIVE and cotangent.dtype == mx.float32:
         return native.load().softmax_vjp(s, cotangent)
-    sg = s * cotangent
-    return sg - s * mx.sum(sg, axis=-1, keepdims=True)
+    return _softmax_grad(s, cotangent)
 
 
 def sigmoid(x: mx.array) -> mx.array:

@@ -87,15 +87,15 @@ def _failure_marker() -> Path:
     return _cache_dir() / f"failed-{hashlib.sha256(inputs.encode()).hexdigest()[:16]}"
 
 
-def build(force: bool = False) -> Path:
+def build() -> Path:
     """Path of the built extension, building it first when the cache has none for this key."""
     target = _cache_dir() / _key() / f"{MODULE}{sysconfig.get_config_var('EXT_SUFFIX')}"
-    if target.exists() and not force:
+    if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same key
-        if target.exists() and not force:
+        if target.exists():
             return target
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             out = Path(tmp) / target.name
