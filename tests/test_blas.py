@@ -1,4 +1,5 @@
 import ctypes
+import os
 import subprocess
 import sys
 
@@ -55,8 +56,6 @@ def test_trampoline_source_jumps_to_prefixed_symbols():
 
 
 def run_python(code: str, **env) -> subprocess.CompletedProcess:
-    import os
-
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env}, timeout=120
     )
@@ -81,6 +80,28 @@ def test_unavailable_blas_falls_back_with_one_warning(tmp_path):
     warnings = [ln for ln in result.stderr.splitlines() if "warning" in ln]
     assert result.returncode == 0 and len(warnings) == 1, result.stderr
     assert "'library': None" in result.stdout
+
+
+THREAD_TIMEOUT_PROBE = (
+    "import ctypes, os, sa3mlx\n"
+    "from sa3mlx.runtime import blas\n"
+    "library = ctypes.CDLL(blas.status()['library'])\n"
+    "read = getattr(library, 'openblas_thread_timeout', None)\n"  # the value OpenBLAS read (not every build exports it)
+    "print(os.environ[blas.THREAD_TIMEOUT_ENV], read() if read else 'n/a')"
+)
+
+
+@linux
+@pytest.mark.parametrize("user_value", [None, "20"])
+def test_openblas_idle_threads_sleep_soon_unless_the_user_says_otherwise(user_value):
+    env = {k: v for k, v in os.environ.items() if k != blas.THREAD_TIMEOUT_ENV}
+    if user_value:
+        env[blas.THREAD_TIMEOUT_ENV] = user_value
+    result = subprocess.run([sys.executable, "-c", THREAD_TIMEOUT_PROBE], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    expected = user_value or blas.THREAD_TIMEOUT
+    seen, read = result.stdout.split()
+    assert seen == expected and read in (expected, "n/a"), result.stdout
 
 
 @linux

@@ -108,6 +108,29 @@ def test_fast_kernels_match_mlx_values_and_gradients(monkeypatch, path, name, re
     assert mx.abs(got - want).max().item() <= 2e-6 * mx.abs(want).max().item()
 
 
+@ALL_PATHS
+@pytest.mark.parametrize("layout", ["rows", "heads", "transposed"])
+def test_rms_norm_matches_mlx_values_and_gradients(monkeypatch, path, layout):
+    """Also on a head-transposed view ([B,L,H,D] -> [B,H,L,D]), which the native kernel reads in place, and
+    on a last axis that is strided only once evaluated (as a matmul gradient's transposed view)."""
+    use(monkeypatch, path)
+    x = 3 * mx.random.normal((2, 37, 5, 24), key=mx.random.key(11)) + 0.5
+    x = {"rows": x.reshape(2, 37, 120), "heads": x.transpose(0, 2, 1, 3), "transposed": x.swapaxes(-1, -2)}[layout]
+    weight = mx.random.normal((x.shape[-1],), key=mx.random.key(12))
+    reference = lambda a, w: mx.fast.rms_norm(a, w, 1e-6)  # noqa: E731
+    fast = lambda a, w: kernels.rms_norm(a, w, 1e-6)  # noqa: E731
+    want, got = reference(x, weight), fast(x, weight)
+    assert mx.abs(got - want).max().item() <= 1e-6 * mx.abs(want).max().item()
+    cotangent = mx.random.normal(x.shape[:-2] + x.shape[:-3:-1], key=mx.random.key(13)).swapaxes(-1, -2)  # lazy view
+    (d_got,), (d_want,) = (
+        mx.vjp(lambda a: fast(a, weight), [x], [cotangent])[1],
+        mx.vjp(lambda a: reference(a, weight), [x], [cotangent])[1],
+    )
+    assert mx.abs(d_got - d_want).max().item() <= 2e-6 * mx.abs(d_want).max().item()
+    for g, r in zip(_grad(fast, x, weight), _grad(reference, x, weight)):
+        assert mx.abs(g - r).max().item() <= 2e-6 * mx.abs(r).max().item()
+
+
 @FAST_PATHS
 def test_compiled_steps_take_the_same_path(monkeypatch, path):
     """Under mx.compile (the train step) the kernels give the eager values and gradients bit for bit."""
@@ -116,7 +139,8 @@ def test_compiled_steps_take_the_same_path(monkeypatch, path):
 
     def loss(h):
         attn = kernels.softmax(h @ h.swapaxes(-1, -2) / 30.0)
-        return (attn @ kernels.swiglu(h)).sum() + kernels.sigmoid(h).sum()
+        normed = kernels.rms_norm(h, mx.arange(90, dtype=mx.float32) / 45.0, 1e-6)
+        return (attn @ kernels.swiglu(h)).sum() + kernels.sigmoid(h).sum() + (normed * normed).sum()
 
     eager = mx.value_and_grad(loss)(h)
     compiled = mx.compile(mx.value_and_grad(loss))(h)
@@ -199,6 +223,11 @@ def test_parity_holds_on_the_other_paths(monkeypatch, path, kind, folder):
 @FAST_PATHS
 def test_the_dit_runs_through_the_fast_kernels(monkeypatch, path):
     use(monkeypatch, path)
+    norms = []
+    rms_norm = kernels.rms_norm
+    monkeypatch.setattr(
+        kernels, "rms_norm", lambda x, w, eps: norms.append(kernels.kernel_path(x)) or rms_norm(x, w, eps)
+    )
     names = {
         kernels.NATIVE: ("_native_softmax", "_native_sigmoid", "_native_swiglu"),
         kernels.COMPILED: ("_fast_softmax", "_fast_sigmoid"),
@@ -218,6 +247,7 @@ def test_the_dit_runs_through_the_fast_kernels(monkeypatch, path):
         assert calls.count("_native_swiglu") == depth and calls.count("_native_sigmoid") == 3 * depth
     else:  # SwiGLU and local-embed SiLU, the two gates
         assert calls.count("_fast_sigmoid") == 4 * depth
+    assert norms == [path] * (3 + 2 * 2 * pairs) * depth  # 3 block norms; q and k norms of each pair, self and cross
 
 
 def _native_run(code: str, **env) -> subprocess.CompletedProcess:
@@ -233,7 +263,9 @@ x = 8 * mx.random.normal((3, 16, 130, 301), key=mx.random.key(4))
 g = mx.random.normal(x.shape, key=mx.random.key(5))
 out = mx.vjp(lambda x: kernels.softmax(x) * kernels.sigmoid(x), [x], [g])
 swiglu = mx.vjp(kernels.swiglu, [x[..., :300]], [g[..., :150]])
-print(hashlib.sha256(b"".join(np.array(a).tobytes() for a in [*out[0], *out[1], *swiglu[0], *swiglu[1]])).hexdigest())
+norm = mx.vjp(lambda x: kernels.rms_norm(x, mx.arange(301, dtype=mx.float32), 1e-6), [x], [g])
+arrays = [*out[0], *out[1], *swiglu[0], *swiglu[1], *norm[0], *norm[1]]
+print(hashlib.sha256(b"".join(np.array(a).tobytes() for a in arrays)).hexdigest())
 """
 
 

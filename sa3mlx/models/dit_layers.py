@@ -55,6 +55,13 @@ def _merge_heads(x: mx.array) -> mx.array:
     return x.transpose(0, 2, 1, 3).reshape(b, length, h * d)
 
 
+class RMSNorm(nn.RMSNorm):
+    """nn.RMSNorm through `kernels.rms_norm` (the native kernel on x86 CPUs); the same parameters."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return kernels.rms_norm(x, self["weight"], self.eps)
+
+
 class _AttentionBase(nn.Module):
     def __init__(self, dim: int, num_heads: int, differential: bool):
         super().__init__()
@@ -62,8 +69,8 @@ class _AttentionBase(nn.Module):
         self.differential = differential
         self.scale = (dim // num_heads) ** -0.5
         self.to_out = nn.Linear(dim, dim, bias=False)
-        self.q_norm = nn.RMSNorm(dim // num_heads, eps=QK_NORM_EPS)
-        self.k_norm = nn.RMSNorm(dim // num_heads, eps=QK_NORM_EPS)
+        self.q_norm = RMSNorm(dim // num_heads, eps=QK_NORM_EPS)
+        self.k_norm = RMSNorm(dim // num_heads, eps=QK_NORM_EPS)
 
     def _attend(self, queries: list, keys: list, v: mx.array, rope=None, key_mask: mx.array | None = None) -> mx.array:
         """queries/keys: [q] or [q, q_diff] in [B,L,E]; the same norms (and RoPE) for each pair.
@@ -149,11 +156,11 @@ class LocalEmbed(nn.Module):
 class TransformerBlock(nn.Module):
     def __init__(self, dim: int, num_heads: int, ff_inner: int, local_dim: int, differential: bool):
         super().__init__()
-        self.pre_norm = nn.RMSNorm(dim, eps=BLOCK_NORM_EPS)
+        self.pre_norm = RMSNorm(dim, eps=BLOCK_NORM_EPS)
         self.self_attn = SelfAttention(dim, num_heads, differential)
-        self.cross_attend_norm = nn.RMSNorm(dim, eps=BLOCK_NORM_EPS)
+        self.cross_attend_norm = RMSNorm(dim, eps=BLOCK_NORM_EPS)
         self.cross_attn = CrossAttention(dim, num_heads, differential)
-        self.ff_norm = nn.RMSNorm(dim, eps=BLOCK_NORM_EPS)
+        self.ff_norm = RMSNorm(dim, eps=BLOCK_NORM_EPS)
         self.ff = FeedForward(dim, ff_inner)
         self.to_local_embed = LocalEmbed(local_dim, dim)
         self.to_scale_shift_gate = mx.zeros((6 * dim,))

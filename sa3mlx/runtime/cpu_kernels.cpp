@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -286,6 +287,149 @@ mx::array swiglu_vjp(const mx::array& h, const mx::array& g) {
   return row_op(RowPrimitive::Kind::SwiGLUVjp, {h, g}, h.shape());
 }
 
+
+// ---- RMSNorm and its backward, rows read in place at any leading strides ----
+// MLX's CPU runs both as 4-6 separate single-threaded passes. Formulas as MLX's fast.rms_norm:
+// y = (x·r)·w, r = 1/sqrt(mean(x²) + eps); dx = r·(w·g) - x·r³·Σ(w·g·x)/n.
+// Strides are only known at evaluation: a last axis that is not contiguous (a matmul gradient's
+// transposed view, say) is gathered into `owned` inside the task, when the data is ready.
+struct RowAddress {
+  const float* data;
+  std::vector<int64_t> shape, strides;  // the leading axes
+  int64_t n, last_stride;
+  std::shared_ptr<std::vector<float>> owned;
+
+  explicit RowAddress(const mx::array& a)
+      : data(a.data<float>()), n(a.shape(-1)), last_stride(a.strides().back()) {
+    for (int axis = 0; axis + 1 < a.ndim(); ++axis) {
+      shape.push_back(a.shape(axis));
+      strides.push_back(a.strides()[axis]);
+    }
+  }
+
+  const float* strided_row(int64_t r) const {
+    int64_t offset = 0;
+    for (int axis = static_cast<int>(shape.size()) - 1; axis >= 0; --axis) {
+      offset += (r % shape[axis]) * strides[axis];
+      r /= shape[axis];
+    }
+    return data + offset;
+  }
+
+  void gather_if_strided(int64_t rows) {
+    if (last_stride == 1 || n <= 1) return;
+    owned = std::make_shared<std::vector<float>>(rows * n);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* src = strided_row(r);
+      for (int64_t j = 0; j < n; ++j) (*owned)[r * n + j] = src[j * last_stride];
+    }
+  }
+
+  const float* row(int64_t r) const { return owned ? owned->data() + r * n : strided_row(r); }
+};
+
+inline float inverse_rms(const float* x, int n, float eps) {
+  __m256 squares = _mm256_setzero_ps();
+  for_blocks(n, [&](int i, int lanes) {
+    const __m256 v = load(x + i, lanes);
+    squares = _mm256_fmadd_ps(v, v, squares);
+  });
+  return 1.0f / std::sqrt(horizontal_sum(squares) / n + eps);
+}
+
+void rms_norm_row(const float* x, const float* w, float* out, int n, float eps) {
+  const __m256 r = _mm256_set1_ps(inverse_rms(x, n, eps));
+  for_blocks(n, [&](int i, int lanes) {
+    store(out + i, _mm256_mul_ps(_mm256_mul_ps(load(x + i, lanes), r), load(w + i, lanes)), lanes);
+  });
+}
+
+void rms_norm_vjp_row(const float* x, const float* w, const float* g, float* dx, int n, float eps) {
+  const float r = inverse_rms(x, n, eps);
+  __m256 dot = _mm256_setzero_ps();
+  for_blocks(n, [&](int i, int lanes) {
+    dot = _mm256_fmadd_ps(_mm256_mul_ps(load(w + i, lanes), load(g + i, lanes)), load(x + i, lanes), dot);
+  });
+  const __m256 rv = _mm256_set1_ps(r), coefficient = _mm256_set1_ps(r * r * r * horizontal_sum(dot) / n);
+  for_blocks(n, [&](int i, int lanes) {
+    const __m256 wg = _mm256_mul_ps(load(w + i, lanes), load(g + i, lanes));
+    store(dx + i, _mm256_fnmadd_ps(load(x + i, lanes), coefficient, _mm256_mul_ps(rv, wg)), lanes);
+  });
+}
+
+class RmsNormPrimitive : public mx::Primitive {
+ public:
+  RmsNormPrimitive(mx::Stream stream, float eps, bool backward)
+      : mx::Primitive(stream), eps_(eps), backward_(backward) {}
+
+  // inputs: x, w (forward); x, w, g (backward) -> one row-contiguous output shaped as x
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const auto &x = inputs[0], &w = inputs[1];
+    auto& out = outputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs) encoder.set_input_array(a);
+    encoder.set_output_array(out);
+    const int n = x.ndim() == 0 ? 1 : x.shape(-1);
+    const int64_t rows = n == 0 ? 0 : x.size() / n;
+    RowAddress xs(x);
+    std::optional<RowAddress> gs;
+    if (backward_) gs.emplace(inputs[2]);
+    encoder.dispatch([xs, gs, w = w.data<float>(), o = out.data<float>(), n, rows, eps = eps_]() mutable {
+      xs.gather_if_strided(rows);
+      if (gs) gs->gather_if_strided(rows);
+      parallel_rows(rows, n, [&](int64_t first, int64_t last) {
+        for (int64_t r = first; r < last; ++r) {
+          if (gs) {
+            rms_norm_vjp_row(xs.row(r), w, gs->row(r), o + r * n, n, eps);
+          } else {
+            rms_norm_row(xs.row(r), w, o + r * n, n, eps);
+          }
+        }
+      });
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("sa3mlx native kernels run on the CPU only");
+  }
+
+  const char* name() const override { return backward_ ? "Sa3RmsNormVjp" : "Sa3RmsNorm"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* same = dynamic_cast<const RmsNormPrimitive*>(&other);
+    return same != nullptr && same->eps_ == eps_ && same->backward_ == backward_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[0].shape()}; }
+
+ private:
+  float eps_;
+  bool backward_;
+};
+
+mx::array rms_norm_op(std::vector<mx::array> inputs, float eps, bool backward) {
+  const auto& x = inputs[0];
+  if (x.ndim() == 0 || inputs[1].ndim() != 1 || inputs[1].shape(0) != x.shape(-1)) {
+    throw std::invalid_argument("rms_norm: expects x [..., n] and a weight [n]");
+  }
+  if (backward && inputs[2].shape() != x.shape()) throw std::invalid_argument("rms_norm_vjp: g must have x's shape");
+  for (auto& a : inputs) {
+    if (a.dtype() != mx::float32) throw std::invalid_argument("rms_norm: float32 only");
+  }
+  inputs[1] = mx::contiguous(inputs[1]);
+  auto shape = x.shape();
+  auto stream = mx::default_stream(mx::Device::cpu);
+  return mx::array(std::move(shape), mx::float32, std::make_shared<RmsNormPrimitive>(stream, eps, backward),
+                   std::move(inputs));
+}
+
+mx::array rms_norm(const mx::array& x, const mx::array& w, float eps) { return rms_norm_op({x, w}, eps, false); }
+
+mx::array rms_norm_vjp(const mx::array& x, const mx::array& w, const mx::array& g, float eps) {
+  return rms_norm_op({x, w, g}, eps, true);
+}
+
 }  // namespace
 
 NB_MODULE(_sa3mlx_cpu, m) {
@@ -294,4 +438,6 @@ NB_MODULE(_sa3mlx_cpu, m) {
   m.def("sigmoid", &sigmoid);
   m.def("swiglu", &swiglu, "h = [value | gate] on the last axis -> value·silu(gate)");
   m.def("swiglu_vjp", &swiglu_vjp, "the gradient w.r.t. h of swiglu(h) for cotangent g");
+  m.def("rms_norm", &rms_norm, "(x·r)·w over the last axis, r = 1/sqrt(mean(x²) + eps)");
+  m.def("rms_norm_vjp", &rms_norm_vjp, "the gradient w.r.t. x of rms_norm(x, w, eps) for cotangent g");
 }
