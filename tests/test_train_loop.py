@@ -2,6 +2,7 @@
 checkpoint cadence and names, keep_last, SAVE_NOW / SIGUSR1 / SIGINT, guards, metrics."""
 
 import io
+import json
 import os
 import signal
 
@@ -25,7 +26,7 @@ from sa3mlx.train import progress as P
 from sa3mlx.train.contract import TrainingCallback
 from sa3mlx.train.guards import StallWatchdog
 from sa3mlx.train.loop import LoopSettings, TrainingLoop, preview_prompts
-from sa3mlx.train.metrics import TrainingMetrics, read_history
+from sa3mlx.train.metrics import SUMMARY, TrainingMetrics, read_history
 from sa3mlx.train.resume import find_resume, resume_files
 from sa3mlx.train.runs import RunPaths, list_checkpoints
 
@@ -219,6 +220,23 @@ def test_metrics_history_survives_a_resume(tmp_path):
     assert [s for s, _ in history] == list(range(1, 7))
     assert [s for s, _ in read_history(folder, "train/prompt_cache_hit_rate")] == list(range(1, 7))
     assert (folder / "metrics.json").is_file()
+
+
+def test_a_resume_rebuilds_a_torn_or_stale_dvclive_summary(tmp_path):
+    """A kill -9 while dvclive writes metrics.json (not atomically) leaves it torn; the summary of a
+    resumed run is rebuilt from the plot files as truncated to its checkpoint."""
+    folder = tmp_path / "dvclive"
+    with TrainingMetrics(folder) as metrics:
+        for step in range(1, 6):
+            metrics.log(step, {"train/loss": 10.0 - step, "train/lr": 0.1 * step})
+        metrics.log(4, {"val/loss": 0.25})
+    (folder / SUMMARY).write_text('{\n    "train": {\n        "lo')  # torn mid-write
+    with TrainingMetrics(folder, resume_step=3) as resumed:
+        rebuilt = json.loads((folder / SUMMARY).read_text())
+        assert rebuilt == {"train": {"loss": 7.0, "lr": 0.1 * 3}, "step": 3}  # val/loss was logged past step 3
+        resumed.log(4, {"train/loss": 1.5, "train/lr": 0.4})
+    assert read_history(folder, "train/loss") == [(1, 9.0), (2, 8.0), (3, 7.0), (4, 1.5)]
+    assert json.loads((folder / SUMMARY).read_text())["train"] == {"loss": 1.5, "lr": 0.4}
 
 
 def test_the_session_contract_and_one_callback_interface(tmp_path):

@@ -223,10 +223,10 @@ def gelu_approx(x: mx.array) -> mx.array:
 
 
 def rms_norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:
-    """`mx.fast.rms_norm` over the last axis; native: one pass forward and one backward per row, on every
-    core, reading rows in place (a head-transposed view is not copied)."""
-    if kernel_path(x) == NATIVE and weight.dtype == mx.float32 and weight.shape == (x.shape[-1],):
-        return _native_rms_norm(float(eps))(x, weight)
+    """`mx.fast.rms_norm` over the last axis (x·rsqrt(mean(x²) + eps)·weight); native: one pass forward and
+    one backward per row, on every core, reading rows in place (a head-transposed view is not copied)."""
+    if kernel_path(x) == NATIVE and weight.shape == (x.shape[-1],):
+        return _native_rms_norm(float(eps))(x, weight.astype(mx.float32))  # an fp16-stored base: exact upcast
     return mx.fast.rms_norm(x, weight, eps)
 
 

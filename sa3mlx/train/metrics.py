@@ -4,7 +4,9 @@ Each step logs `train/loss`, `train/lr`, `train/grad_norm`, `train/lora_magnitud
 `train/step_seconds` and `train/prompt_cache_hit_rate` at dvclive step = the global step just
 completed (the `Step N` of the progress bar). A resumed run opens the folder with
 `resume=True` and first drops the rows past its checkpoint's step (those were logged by the
-interrupted process after its last save and are trained again), so each step appears once.
+interrupted process after its last save and are trained again), so each step appears once, and
+rebuilds dvclive's summary (`metrics.json`) from what is left: the interrupted process may have
+logged past its checkpoint, or been killed while dvclive wrote that file (not atomically).
 A fresh run starts the folder over. `dvc.yaml` declares the folder's metrics and plots
 (dvclive writes no dvc.yaml of its own).
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 from pathlib import Path
 
@@ -28,6 +31,7 @@ METRIC_NAMES = (
     "train/prompt_cache_hit_rate",
 )
 PLOTS_SUBDIR = Path("plots") / "metrics"
+SUMMARY = "metrics.json"  # dvclive's summary of the latest values (Live.metrics_file)
 
 
 def _files_only_live(folder: Path, resume: bool):
@@ -54,6 +58,7 @@ class TrainingMetrics(TrainingCallback):
         self.folder = Path(folder)
         if resume_step is not None:
             truncate_history(self.folder, resume_step)
+            rebuild_summary(self.folder, resume_step)
         self.live = _files_only_live(self.folder, resume_step is not None)
 
     def on_step(self, report: StepReport) -> None:
@@ -106,6 +111,26 @@ def truncate_history(folder: str | Path, last_step: int) -> None:
         csv.writer(buffer, delimiter="\t", lineterminator="\n").writerows(kept)
         with atomic_path(path) as tmp:
             tmp.write_text(buffer.getvalue())
+
+
+def rebuild_summary(folder: str | Path, last_step: int) -> None:
+    """dvclive's summary from the plot files: the latest value of every metric, and the step."""
+    plots = Path(folder) / PLOTS_SUBDIR
+    summary: dict = {}
+    for path in sorted(plots.rglob("*.tsv")) if plots.is_dir() else []:
+        name = path.relative_to(plots).with_suffix("").as_posix()
+        rows = read_history(folder, name)
+        if not rows:
+            continue
+        *parents, leaf = name.split("/")
+        node = summary
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = rows[-1][1]
+    summary["step"] = last_step
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    with atomic_path(Path(folder) / SUMMARY) as tmp:
+        tmp.write_text(json.dumps(summary, indent=4))
 
 
 def read_history(folder: str | Path, name: str) -> list[tuple[int, float]]:
