@@ -33,7 +33,7 @@ from dit import PROMPT_TOKENS, SIZES  # bench/dit.py: the small-music config
 from sa3mlx.lora.layers import wrap
 from sa3mlx.models.attention import attention
 from sa3mlx.models.dit import DiT
-from sa3mlx.models.dit_layers import apply_rope
+from sa3mlx.models.dit_layers import RMSNorm, apply_rope
 from sa3mlx.runtime import kernels
 
 PATHS = (kernels.MLX, kernels.COMPILED, kernels.NATIVE)  # `runtime/kernels.py`: MLX's own, MLX-compiled, C++
@@ -54,7 +54,7 @@ def block_ops(cfg, crop: int) -> list[tuple[str, int, callable, list[mx.array], 
     mod = rand(1, 1, E)
     angles = mx.arange(L, dtype=mx.float32)[:, None] * mx.exp(-mx.arange(D // 2) / 4.0)[None]
     rope = (mx.cos(mx.concatenate([angles, angles], -1)), mx.sin(mx.concatenate([angles, angles], -1)))
-    norm = nn.RMSNorm(E)
+    norm = RMSNorm(E)
     linears = {
         "to_qkv": nn.Linear(E, 3 * E, bias=False),
         "to_out": nn.Linear(E, E, bias=False),
@@ -87,7 +87,7 @@ def block_ops(cfg, crop: int) -> list[tuple[str, int, callable, list[mx.array], 
         ("SiLU gate (SwiGLU)", 1, kernels.swiglu, [gate_in], []),
         ("SiLU local embed", 1, kernels.silu, [rand(1, crop, E)], []),
         ("RMSNorm block (x3)", 3, norm, [x], []),
-        ("RMSNorm q/k (x4)", 4, nn.RMSNorm(D), [q], []),
+        ("RMSNorm q/k (x4)", 4, RMSNorm(D), [q], []),
         ("RoPE q, k (x2)", 2, lambda a: apply_rope(a, *rope), [q], []),
         ("adaLN modulate + gates", 2, lambda a, s, g: a * (1 + s) + a * kernels.sigmoid(1 - g), [x, mod, mod], []),
         ("adapter branch ff in (dora-rows r16)", 1, adapter_branch, [x], adapter_tensors),
