@@ -16,8 +16,8 @@ Otherwise one warning line is printed and MLX keeps the reference BLAS.
 
 OpenBLAS's worker threads busy-wait (sched_yield) for 2^OPENBLAS_THREAD_TIMEOUT cycles after
 each call before they sleep; its default, 2^28 (~0.1 s), keeps them on the cores through every
-op between two matmuls, where MLX's own work and the native kernels' threads then compete with
-them. Unless the user set it, it is set to THREAD_TIMEOUT before OpenBLAS loads.
+op between two matmuls, where MLX's own work and the native kernels' threads need them. Unless
+the user set it, it is set to THREAD_TIMEOUT before OpenBLAS loads.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ MLX_BLAS_SYMBOLS = (
     "cgesdd_ cgeev_ cheevd_"
 ).split()
 
-# 2^16 cycles (~20 us): measured on a 2-core x86 machine, the small-music train step 5.7-6.1 s/step
-# at the default 28 and 4.8-5.0 s at 14-20; the tiny default's training 9.8 steps/s at 4 (threads
-# woken for every small matmul) against 11.6-12.1 at 16 and 28
+# 2^16 cycles (~20 us): measured on a 2-core x86 machine, six interleaved process pairs of the eager
+# small-music DiT forward+backward took 3.67 s (median) at 16 against 3.90 s at the default 28; the
+# tiny default trained at 9.8 steps/s at 4 (threads woken for every small matmul), 11.6-12.1 at 16 and 28
 THREAD_TIMEOUT_ENV, THREAD_TIMEOUT = "OPENBLAS_THREAD_TIMEOUT", "16"
 
 _state: dict = {"done": False, "library": None, "source": None}

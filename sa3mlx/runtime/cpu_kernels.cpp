@@ -1,5 +1,5 @@
-// AVX2/FMA kernels for MLX's x86 CPU backend: softmax, sigmoid and SwiGLU with their backward
-// passes, each an MLX primitive evaluated row by row in one pass over memory, rows split over the
+// AVX2/FMA kernels for MLX's x86 CPU backend: softmax, sigmoid, SwiGLU and RMSNorm with their
+// backward passes, each an MLX primitive evaluated row by row in one pass over memory, rows split over the
 // cores. Built and loaded by sa3mlx/runtime/native.py, which passes the exp constants of
 // sa3mlx/runtime/kernels.py as macros (SA3_*); the VJPs are wired in Python (kernels.py).
 // Every row is computed by one thread in a fixed order, so results do not depend on the thread count.
@@ -286,7 +286,6 @@ mx::array swiglu_vjp(const mx::array& h, const mx::array& g) {
   if (g.shape() != half) throw std::invalid_argument("swiglu_vjp: g must have h's shape with half its last axis");
   return row_op(RowPrimitive::Kind::SwiGLUVjp, {h, g}, h.shape());
 }
-
 
 // ---- RMSNorm and its backward, rows read in place at any leading strides ----
 // MLX's CPU runs both as 4-6 separate single-threaded passes. Formulas as MLX's fast.rms_norm:
