@@ -12,6 +12,7 @@ import pytest
 from conftest import FIXTURES, ROOT
 
 from sa3mlx.models.attention import attention
+from sa3mlx.models.dit_layers import RotaryEmbedding, apply_rope
 from sa3mlx.parity.dit import load_fixture_dit
 from sa3mlx.parity.fixture import Fixture
 from sa3mlx.parity.run import check
@@ -131,6 +132,24 @@ def test_rms_norm_matches_mlx_values_and_gradients(monkeypatch, path, layout):
         assert mx.abs(g - r).max().item() <= 2e-6 * mx.abs(r).max().item()
 
 
+@pytest.mark.parametrize("layout", ["rows", "heads", "transposed"])
+@pytest.mark.parametrize("rot", [8, 24])
+def test_native_rope_is_the_mlx_formula_bit_for_bit(monkeypatch, layout, rot):
+    """Forward and backward, on a part (8 of 24 dims) or all of the head dims, on contiguous rows, a
+    head-transposed view read in place and a last axis that is strided once evaluated."""
+    use(monkeypatch, kernels.NATIVE)
+    x = mx.random.normal((2, 37, 5, 24), key=mx.random.key(14))
+    x = {"rows": x.reshape(2, 5, 37, 24), "heads": x.transpose(0, 2, 1, 3), "transposed": x.swapaxes(-1, -3)}[layout]
+    cos, sin = RotaryEmbedding(rot).tables(x.shape[-2])
+    cotangent = mx.random.normal(x.shape, key=mx.random.key(15))
+    assert kernels.native_rope(x, cos, sin)
+    got = mx.vjp(lambda a: apply_rope(a, cos, sin), [x], [cotangent])
+    monkeypatch.setattr(kernels, "native_rope", lambda *a: False)  # apply_rope's own MLX formula
+    want = mx.vjp(lambda a: apply_rope(a, cos, sin), [x], [cotangent])
+    for g, w in zip([*got[0], *got[1]], [*want[0], *want[1]]):
+        assert np.array(g).tobytes() == np.array(w).tobytes()
+
+
 @FAST_PATHS
 def test_compiled_steps_take_the_same_path(monkeypatch, path):
     """Under mx.compile (the train step) the kernels give the eager values and gradients bit for bit."""
@@ -195,10 +214,12 @@ def test_chunked_attention_keeps_no_whole_score_tensor(monkeypatch, path):
     mx.eval(q, k, v)
 
     def peak(compute):
+        """The peak above what is held before (earlier tests' arrays, still alive, count in MLX's peak)."""
         mx.clear_cache()
+        held = mx.get_active_memory()
         mx.reset_peak_memory()
         mx.eval(compute())
-        return mx.get_peak_memory()
+        return mx.get_peak_memory() - held
 
     def grads(chunk_bytes):
         return lambda: _grad(lambda *a: attention(*a, 0.25, chunk_bytes=chunk_bytes), q, k, v)
@@ -223,8 +244,9 @@ def test_parity_holds_on_the_other_paths(monkeypatch, path, kind, folder):
 @FAST_PATHS
 def test_the_dit_runs_through_the_fast_kernels(monkeypatch, path):
     use(monkeypatch, path)
-    norms = []
-    rms_norm = kernels.rms_norm
+    norms, ropes = [], []
+    rms_norm, rope = kernels.rms_norm, kernels.rope
+    monkeypatch.setattr(kernels, "rope", lambda x, c, s: ropes.append(x.shape) or rope(x, c, s))
     monkeypatch.setattr(
         kernels, "rms_norm", lambda x, w, eps: norms.append(kernels.kernel_path(x)) or rms_norm(x, w, eps)
     )
@@ -248,6 +270,7 @@ def test_the_dit_runs_through_the_fast_kernels(monkeypatch, path):
     else:  # SwiGLU and local-embed SiLU, the two gates
         assert calls.count("_fast_sigmoid") == 4 * depth
     assert norms == [path] * (3 + 2 * 2 * pairs) * depth  # 3 block norms; q and k norms of each pair, self and cross
+    assert len(ropes) == (2 * pairs * depth if path == kernels.NATIVE else 0)  # self-attention q and k of each pair
 
 
 def _native_run(code: str, **env) -> subprocess.CompletedProcess:
@@ -265,6 +288,13 @@ out = mx.vjp(lambda x: kernels.softmax(x) * kernels.sigmoid(x), [x], [g])
 swiglu = mx.vjp(kernels.swiglu, [x[..., :300]], [g[..., :150]])
 norm = mx.vjp(lambda x: kernels.rms_norm(x, mx.arange(301, dtype=mx.float32), 1e-6), [x], [g])
 arrays = [*out[0], *out[1], *swiglu[0], *swiglu[1], *norm[0], *norm[1]]
+if kernels.kernel_path(x) == kernels.NATIVE:
+    tables = [mx.cos(x[0, 0, :, :200]), mx.sin(x[0, 1, :, :200])]
+    arrays += [*mx.vjp(lambda x: kernels.rope(x, *tables), [x], [g])[1]]
+    tensors = [x.reshape(-1)[:k * 40000].reshape(k, -1) for k in (1, 3, 7)]
+    scalars = mx.array([0.5, 0.99, 1e-3, 3.0, 1.0])
+    params, ms, vs, sums = kernels.adamw(scalars, tensors, tensors, tensors, tensors, (0.9, 0.95), 1e-8)
+    arrays += [kernels.sum_squares(tensors), *params, *ms, *vs, sums]
 print(hashlib.sha256(b"".join(np.array(a).tobytes() for a in arrays)).hexdigest())
 """
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
+from sa3mlx.runtime import kernels, native
 from sa3mlx.train import optim as O
 
 
@@ -146,3 +147,76 @@ def test_accumulated_gradient_is_the_mean():
     for g in parts:
         total = O.accumulate(total, g)
     assert np.array(O.average(total, 2)["w"]).tolist() == [2.0, 4.0]
+
+
+def _flat_params(seed=0):
+    """Adapter-like tensors: big enough for several native chunks and groups, one of them a transposed view."""
+    rng = np.random.default_rng(seed)
+    shapes = [(16, 3000), (70000,), (5, 7), (1,)] + [(3, 11)] * (kernels.ADAMW_GROUP + 1)
+    values = {f"t{i}": mx.array(rng.standard_normal(s).astype(np.float32)) for i, s in enumerate(shapes)}
+    values["t0"] = mx.array(rng.standard_normal((3000, 16)).astype(np.float32)).T
+    return values
+
+
+def _guarded_steps(route, lrs, scales, grad_clip, bad_step=None):
+    """`guarded_update` on one kernel route: (values, moments, step, [(norm, finite, magnitude)]) as numpy."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in kernels.ENVIRONMENT[route].items():
+            patch.setenv(name, value)
+        values = _flat_params()
+        opt = O.make_adamw(O.AdamWConfig(lr=1e-3, betas=(0.9, 0.95), weight_decay=0.01))
+        opt.init(values)
+        assert O._native_update_applies(opt, values, values) == (route == kernels.NATIVE)
+        outputs = []
+        for k, (lr, scale) in enumerate(zip(lrs, scales)):
+            opt.learning_rate = lr
+            grads = {key: scale * g for key, g in _flat_params(seed=k + 1).items()}
+            if k == bad_step:
+                grads["t2"] = grads["t2"] * mx.array([np.inf] + [1.0] * 6, mx.float32)
+            out = O.guarded_update(opt, grads, values, mx.array(True), grad_clip)
+            mx.eval(out, values, opt.state)
+            outputs.append(tuple(float(o) for o in out))
+        moments = {f"{k}.{s}": np.array(opt.state[k][s]) for k in values for s in ("m", "v")}
+        return {k: np.array(v) for k, v in values.items()}, moments, int(opt.state["step"]), outputs
+
+
+@pytest.mark.parametrize("grad_clip", [1.0, None])
+def test_native_adamw_update_is_mlx_adamw(grad_clip):
+    if not native.supported():
+        pytest.skip("native kernels: this CPU has no AVX2/FMA")
+    # clipped where the norm is above 1; the first step's |g| ~ eps, where eps weighs in the update
+    lrs, scales = [1e-3, 2e-3, 5e-4, 1e-3], [1e-8, 1.0, 0.003, 0.5]
+    want = _guarded_steps(kernels.MLX, lrs, scales, grad_clip)
+    got = _guarded_steps(kernels.NATIVE, lrs, scales, grad_clip)
+    assert got[2] == want[2] == 4
+    for k in want[0]:
+        np.testing.assert_allclose(got[0][k], want[0][k], rtol=2e-6, atol=1e-7, err_msg=k)  # lr·1e-4
+    for k in want[1]:
+        scale = np.abs(want[1][k]).max()  # the clip factors differ in their last bits (sums in another order)
+        np.testing.assert_allclose(got[1][k], want[1][k], rtol=1e-5, atol=1e-5 * scale, err_msg=k)
+    np.testing.assert_allclose(np.array(got[3]), np.array(want[3]), rtol=2e-5)
+    norms = [o[0] for o in got[3]]
+    assert (norms[1] == pytest.approx(1.0, rel=1e-5)) == (grad_clip is not None)
+
+
+@pytest.mark.parametrize("route", [kernels.NATIVE, kernels.MLX])
+def test_a_non_finite_gradient_leaves_values_moments_and_step_unchanged(route):
+    if route == kernels.NATIVE and not native.supported():
+        pytest.skip("native kernels: this CPU has no AVX2/FMA")
+    lrs, scales = [1e-3] * 3, [0.1] * 3
+    two = _guarded_steps(route, lrs[:2], scales[:2], 1.0)
+    three = _guarded_steps(route, lrs, scales, 1.0, bad_step=2)
+    assert three[2] == two[2] == 2
+    assert three[3][2][:2] == (0.0, 0.0)  # norm 0, not finite
+    for k in two[0]:
+        assert three[0][k].tobytes() == two[0][k].tobytes(), k
+    for k in two[1]:
+        assert three[1][k].tobytes() == two[1][k].tobytes(), k
+
+
+def test_native_sum_squares_is_accurate():
+    if not native.supported():
+        pytest.skip("native kernels: this CPU has no AVX2/FMA")
+    arrays = list(_flat_params().values())
+    want = [np.sum(np.array(a, np.float64) ** 2) for a in arrays]
+    np.testing.assert_allclose(np.array(kernels.sum_squares(arrays)), want, rtol=1e-6)

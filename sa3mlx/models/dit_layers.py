@@ -35,6 +35,8 @@ class RotaryEmbedding(nn.Module):
 
 def apply_rope(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
     """Rotate the first R dims of x [B,H,L,D] with half-split (rotate_half) pairing, in fp32 or wider."""
+    if kernels.native_rope(x, cos, sin):
+        return kernels.rope(x, cos, sin)
     dtype, rot_dim = x.dtype, cos.shape[-1]
     wide = mx.float64 if dtype == mx.float64 else mx.float32
     rot, rest = x[..., :rot_dim].astype(wide), x[..., rot_dim:]

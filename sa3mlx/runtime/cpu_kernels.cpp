@@ -1,15 +1,18 @@
-// AVX2/FMA kernels for MLX's x86 CPU backend: softmax, sigmoid, SwiGLU and RMSNorm with their
-// backward passes, each an MLX primitive evaluated row by row in one pass over memory, rows split over the
-// cores. Built and loaded by sa3mlx/runtime/native.py, which passes the exp constants of
-// sa3mlx/runtime/kernels.py as macros (SA3_*); the VJPs are wired in Python (kernels.py).
-// Every row is computed by one thread in a fixed order, so results do not depend on the thread count.
+// AVX2/FMA kernels for MLX's x86 CPU backend: softmax, sigmoid, SwiGLU, RMSNorm and RoPE with their backward
+// passes, each an MLX primitive evaluated row by row in one pass over memory, rows split over the cores; and
+// the AdamW step over every adapter tensor at once. Built and loaded by sa3mlx/runtime/native.py, which passes
+// the exp constants of sa3mlx/runtime/kernels.py as macros (SA3_*); the VJPs are wired in Python (kernels.py).
+// Every row (or fixed chunk) is computed by one thread in a fixed order, so results do not depend on the
+// thread count.
 #include <immintrin.h>
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/vector.h>
 #include <sched.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -192,6 +195,16 @@ void allocate(mx::array& out, const mx::array& donor) {
   }
 }
 
+// new buffers for every output, the arrays registered with the stream's encoder (kept alive until its task ran)
+mx::cpu::CommandEncoder& encoder_with_new_outputs(mx::Stream stream, const std::vector<mx::array>& inputs,
+                                                  std::vector<mx::array>& outputs) {
+  for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream);
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  for (auto& out : outputs) encoder.set_output_array(out);
+  return encoder;
+}
+
 class RowPrimitive : public mx::Primitive {
  public:
   enum class Kind { Softmax, SoftmaxVjp, Sigmoid, SwiGLU, SwiGLUVjp };
@@ -364,11 +377,8 @@ class RmsNormPrimitive : public mx::Primitive {
   // inputs: x, w (forward); x, w, g (backward) -> one row-contiguous output shaped as x
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const auto &x = inputs[0], &w = inputs[1];
+    auto& encoder = encoder_with_new_outputs(stream(), inputs, outputs);
     auto& out = outputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
     const int n = x.ndim() == 0 ? 1 : x.shape(-1);
     const int64_t rows = n == 0 ? 0 : x.size() / n;
     RowAddress xs(x);
@@ -429,6 +439,301 @@ mx::array rms_norm_vjp(const mx::array& x, const mx::array& w, const mx::array& 
   return rms_norm_op({x, w, g}, eps, true);
 }
 
+
+// ---- RoPE with half-split (rotate_half) pairing, rows read in place ----
+// x [..., L, D] by rows, cos/sin [L, R]: out = x·cos + rotate_half(x)·sin on the first R dims, the rest copied;
+// the products rounded before the sum, as MLX evaluates the formula. The backward is its transpose:
+// dx_i = g_i·c_i + g_{i+h}·s_{i+h}, dx_{i+h} = g_{i+h}·c_{i+h} − g_i·s_i (h = R/2).
+void rope_row(const float* x, const float* c, const float* s, float* out, int n, int rot, bool backward) {
+  const int half = rot / 2;
+  for_blocks(half, [&](int i, int lanes) {
+    const __m256 a = load(x + i, lanes), b = load(x + half + i, lanes);
+    const __m256 c1 = load(c + i, lanes), c2 = load(c + half + i, lanes);
+    const __m256 s1 = load(s + i, lanes), s2 = load(s + half + i, lanes);
+    if (backward) {
+      store(out + i, _mm256_add_ps(_mm256_mul_ps(a, c1), _mm256_mul_ps(b, s2)), lanes);
+      store(out + half + i, _mm256_sub_ps(_mm256_mul_ps(b, c2), _mm256_mul_ps(a, s1)), lanes);
+    } else {
+      store(out + i, _mm256_sub_ps(_mm256_mul_ps(a, c1), _mm256_mul_ps(b, s1)), lanes);
+      store(out + half + i, _mm256_add_ps(_mm256_mul_ps(b, c2), _mm256_mul_ps(a, s2)), lanes);
+    }
+  });
+  std::copy(x + rot, x + n, out + rot);
+}
+
+class RopePrimitive : public mx::Primitive {
+ public:
+  RopePrimitive(mx::Stream stream, bool backward) : mx::Primitive(stream), backward_(backward) {}
+
+  // inputs: x (or the cotangent), cos, sin -> one row-contiguous output shaped as x
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const auto &x = inputs[0], &cos = inputs[1], &sin = inputs[2];
+    check_rows(cos, name());
+    check_rows(sin, name());
+    auto& encoder = encoder_with_new_outputs(stream(), inputs, outputs);
+    auto& out = outputs[0];
+    const int n = x.shape(-1), rot = cos.shape(-1), length = x.shape(-2);
+    const int64_t rows = n == 0 ? 0 : x.size() / n;
+    RowAddress xs(x);
+    encoder.dispatch([xs, c = cos.data<float>(), s = sin.data<float>(), o = out.data<float>(), n, rot, length, rows,
+                      backward = backward_]() mutable {
+      xs.gather_if_strided(rows);
+      parallel_rows(rows, n, [&](int64_t first, int64_t last) {
+        for (int64_t r = first; r < last; ++r) {
+          const int64_t position = r % length;
+          rope_row(xs.row(r), c + position * rot, s + position * rot, o + r * n, n, rot, backward);
+        }
+      });
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("sa3mlx native kernels run on the CPU only");
+  }
+
+  const char* name() const override { return backward_ ? "Sa3RopeVjp" : "Sa3Rope"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* same = dynamic_cast<const RopePrimitive*>(&other);
+    return same != nullptr && same->backward_ == backward_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[0].shape()}; }
+
+ private:
+  bool backward_;
+};
+
+mx::array rope(const mx::array& x, const mx::array& cos, const mx::array& sin, bool backward) {
+  if (x.ndim() < 2 || cos.ndim() != 2 || sin.shape() != cos.shape() || cos.shape(0) != x.shape(-2) ||
+      cos.shape(1) % 2 != 0 || cos.shape(1) > x.shape(-1)) {
+    throw std::invalid_argument("rope: expects x [..., L, D] and cos, sin [L, R], R even and <= D");
+  }
+  for (const auto* a : {&x, &cos, &sin}) {
+    if (a->dtype() != mx::float32) throw std::invalid_argument("rope: float32 only");
+  }
+  auto stream = mx::default_stream(mx::Device::cpu);
+  return mx::array(x.shape(), mx::float32, std::make_shared<RopePrimitive>(stream, backward),
+                   {x, mx::contiguous(cos), mx::contiguous(sin)});
+}
+
+// ---- AdamW over every adapter tensor at once, and sums of squares ----
+// MLX runs the optimizer as a dozen small ops per tensor (~140 ms for 9.2 M values on 2 cores, most of it
+// dispatch and allocation); here one pass reads p, g, m, v and writes p, m, v for all tensors. Work is cut
+// into fixed chunks whose partial sums are added in order: the same bytes on any thread count.
+constexpr int64_t CHUNK = 1 << 15;
+
+struct Chunk {
+  int tensor;
+  int64_t begin, end;
+};
+
+std::vector<Chunk> chunks_of(const std::vector<mx::array>& tensors, size_t first, size_t count) {
+  std::vector<Chunk> chunks;
+  for (size_t t = 0; t < count; ++t) {
+    const int64_t size = tensors[first + t].size();
+    for (int64_t b = 0; b < size; b += CHUNK) chunks.push_back({static_cast<int>(t), b, std::min(size, b + CHUNK)});
+  }
+  return chunks;
+}
+
+// out[t] = Σ partial[c] over tensor t's chunks, in chunk order
+void sum_chunks(const std::vector<Chunk>& chunks, const std::vector<double>& partial, float* out, size_t count) {
+  std::vector<double> total(count, 0.0);
+  for (size_t c = 0; c < chunks.size(); ++c) total[chunks[c].tensor] += partial[c];
+  for (size_t t = 0; t < count; ++t) out[t] = static_cast<float>(total[t]);
+}
+
+double sum_squares_range(const float* x, int64_t n) {
+  __m256 squares = _mm256_setzero_ps();
+  for_blocks(static_cast<int>(n), [&](int i, int lanes) {
+    const __m256 v = load(x + i, lanes);
+    squares = _mm256_fmadd_ps(v, v, squares);
+  });
+  return horizontal_sum(squares);
+}
+
+void check_contiguous(const std::vector<mx::array>& inputs, const char* op) {
+  for (const auto& a : inputs) {
+    if (a.dtype() != mx::float32 || !a.flags().row_contiguous) {
+      throw std::invalid_argument(std::string(op) + ": expects row-contiguous float32 arrays");
+    }
+  }
+}
+
+// inputs: n tensors -> one [n] vector of their sums of squares
+class SumSquaresPrimitive : public mx::Primitive {
+ public:
+  explicit SumSquaresPrimitive(mx::Stream stream) : mx::Primitive(stream) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    check_contiguous(inputs, name());
+    auto& encoder = encoder_with_new_outputs(stream(), inputs, outputs);
+    auto& out = outputs[0];
+    std::vector<const float*> data;
+    for (const auto& a : inputs) data.push_back(a.data<float>());
+    encoder.dispatch([chunks = chunks_of(inputs, 0, inputs.size()), data, o = out.data<float>()]() {
+      std::vector<double> partial(chunks.size());
+      parallel_rows(static_cast<int64_t>(chunks.size()), CHUNK, [&](int64_t first, int64_t last) {
+        for (int64_t c = first; c < last; ++c) {
+          const auto& k = chunks[c];
+          partial[c] = sum_squares_range(data[k.tensor] + k.begin, k.end - k.begin);
+        }
+      });
+      sum_chunks(chunks, partial, o, data.size());
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("sa3mlx native kernels run on the CPU only");
+  }
+
+  const char* name() const override { return "Sa3SumSquares"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const SumSquaresPrimitive*>(&other) != nullptr;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {{static_cast<int>(inputs.size())}};
+  }
+};
+
+mx::array sum_squares(std::vector<mx::array> tensors) {
+  for (auto& a : tensors) {
+    if (a.dtype() != mx::float32) throw std::invalid_argument("sum_squares: float32 only");
+    a = mx::contiguous(a);
+  }
+  const int n = static_cast<int>(tensors.size());
+  auto stream = mx::default_stream(mx::Device::cpu);
+  return mx::array({n}, mx::float32, std::make_shared<SumSquaresPrimitive>(stream), std::move(tensors));
+}
+
+// The scalars of one update, computed in MLX as mlx.optimizers.AdamW computes them
+enum Scalar { GRAD_SCALE, DECAY, STEP_SIZE, RSQRT_BIAS2, KEEP_NEW, SCALARS };
+
+struct AdamWConstants {
+  float b1, one_minus_b1, b2, one_minus_b2, eps;
+};
+
+// g = g·scale; p = p·decay; m = b1·m + (1-b1)·g; v = b2·v + (1-b2)·g²; p -= c1·m / (√v·c2 + eps);
+// returns Σ g² (the clipped gradient's); the ops in MLX's order, unfused, as MLX's AdamW writes them
+double adamw_range(const float* s, const AdamWConstants& k, const float* p, const float* g, const float* m,
+                   const float* v, float* p_out, float* m_out, float* v_out, int64_t n) {
+  const __m256 scale = _mm256_set1_ps(s[GRAD_SCALE]), decay = _mm256_set1_ps(s[DECAY]);
+  const __m256 c1 = _mm256_set1_ps(s[STEP_SIZE]), c2 = _mm256_set1_ps(s[RSQRT_BIAS2]);
+  const __m256 b1 = _mm256_set1_ps(k.b1), a1 = _mm256_set1_ps(k.one_minus_b1);
+  const __m256 b2 = _mm256_set1_ps(k.b2), a2 = _mm256_set1_ps(k.one_minus_b2), eps = _mm256_set1_ps(k.eps);
+  __m256 squares = _mm256_setzero_ps();
+  for_blocks(static_cast<int>(n), [&](int i, int lanes) {
+    const __m256 gv = _mm256_mul_ps(load(g + i, lanes), scale);
+    const __m256 g2 = _mm256_mul_ps(gv, gv);
+    squares = _mm256_add_ps(squares, g2);
+    const __m256 mv = _mm256_add_ps(_mm256_mul_ps(b1, load(m + i, lanes)), _mm256_mul_ps(a1, gv));
+    const __m256 vv = _mm256_add_ps(_mm256_mul_ps(b2, load(v + i, lanes)), _mm256_mul_ps(a2, g2));
+    const __m256 denominator = _mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(vv), c2), eps);
+    const __m256 pv = _mm256_mul_ps(load(p + i, lanes), decay);
+    store(p_out + i, _mm256_sub_ps(pv, _mm256_div_ps(_mm256_mul_ps(c1, mv), denominator)), lanes);
+    store(m_out + i, mv, lanes);
+    store(v_out + i, vv, lanes);
+  });
+  return horizontal_sum(squares);
+}
+
+// inputs: scalars [SCALARS], then n each of p, g, m, v -> n each of p, m, v, then [n] Σ(clipped g)²;
+// scalars[KEEP_NEW] == 0 (a non-finite step) copies p, m, v through and gives zero sums. Each output has
+// all the others as siblings, and MLX's graph and compile work grow with their square: callers pass a
+// few dozen tensors at a time (kernels.ADAMW_GROUP).
+class AdamWPrimitive : public mx::Primitive {
+ public:
+  AdamWPrimitive(mx::Stream stream, AdamWConstants constants) : mx::Primitive(stream), k_(constants) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    check_contiguous(inputs, name());
+    const size_t n = (inputs.size() - 1) / 4;
+    auto& encoder = encoder_with_new_outputs(stream(), inputs, outputs);
+    std::vector<const float*> in;
+    std::vector<float*> out;
+    for (const auto& a : inputs) in.push_back(a.data<float>());
+    for (auto& a : outputs) out.push_back(a.data<float>());
+    encoder.dispatch([chunks = chunks_of(inputs, 1, n), in, out, n, k = k_]() {
+      const float* s = in[0];
+      std::vector<double> partial(chunks.size(), 0.0);
+      parallel_rows(static_cast<int64_t>(chunks.size()), CHUNK, [&](int64_t first, int64_t last) {
+        for (int64_t c = first; c < last; ++c) {
+          const auto& ch = chunks[c];
+          const size_t t = ch.tensor;
+          const int64_t b = ch.begin, len = ch.end - ch.begin;
+          const float *p = in[1 + t] + b, *g = in[1 + n + t] + b, *m = in[1 + 2 * n + t] + b, *v = in[1 + 3 * n + t] + b;
+          float *p_out = out[t] + b, *m_out = out[n + t] + b, *v_out = out[2 * n + t] + b;
+          if (s[KEEP_NEW] != 0.0f) {
+            partial[c] = adamw_range(s, k, p, g, m, v, p_out, m_out, v_out, len);
+          } else {
+            std::copy(p, p + len, p_out);
+            std::copy(m, m + len, m_out);
+            std::copy(v, v + len, v_out);
+          }
+        }
+      });
+      sum_chunks(chunks, partial, out[3 * n], n);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("sa3mlx native kernels run on the CPU only");
+  }
+
+  const char* name() const override { return "Sa3AdamW"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* same = dynamic_cast<const AdamWPrimitive*>(&other);
+    return same != nullptr && std::memcmp(&same->k_, &k_, sizeof(k_)) == 0;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    const size_t n = (inputs.size() - 1) / 4;
+    std::vector<mx::Shape> shapes;
+    for (int copy = 0; copy < 3; ++copy) {
+      for (size_t t = 0; t < n; ++t) shapes.push_back(inputs[1 + t].shape());
+    }
+    shapes.push_back({static_cast<int>(n)});
+    return shapes;
+  }
+
+ private:
+  AdamWConstants k_;
+};
+
+std::vector<mx::array> adamw(const mx::array& scalars, const std::vector<mx::array>& params,
+                             const std::vector<mx::array>& grads, const std::vector<mx::array>& ms,
+                             const std::vector<mx::array>& vs, float b1, float one_minus_b1, float b2,
+                             float one_minus_b2, float eps) {
+  const size_t n = params.size();
+  if (grads.size() != n || ms.size() != n || vs.size() != n) throw std::invalid_argument("adamw: list lengths differ");
+  if (scalars.shape() != mx::Shape{SCALARS} || scalars.dtype() != mx::float32) {
+    throw std::invalid_argument("adamw: scalars must be float32 [5]");
+  }
+  std::vector<mx::array> inputs{mx::contiguous(scalars)};
+  for (const auto* group : {&params, &grads, &ms, &vs}) {
+    for (size_t t = 0; t < n; ++t) {
+      const auto& a = (*group)[t];
+      if (a.dtype() != mx::float32 || a.shape() != params[t].shape()) {
+        throw std::invalid_argument("adamw: every p, g, m, v must be float32 of its parameter's shape");
+      }
+      inputs.push_back(mx::contiguous(a));
+    }
+  }
+  std::vector<mx::Shape> shapes;
+  for (int copy = 0; copy < 3; ++copy) {
+    for (const auto& p : params) shapes.push_back(p.shape());
+  }
+  shapes.push_back({static_cast<int>(n)});
+  auto stream = mx::default_stream(mx::Device::cpu);
+  AdamWConstants constants{b1, one_minus_b1, b2, one_minus_b2, eps};
+  return mx::array::make_arrays(std::move(shapes), std::vector<mx::Dtype>(3 * n + 1, mx::float32),
+                                std::make_shared<AdamWPrimitive>(stream, constants), std::move(inputs));
+}
+
 }  // namespace
 
 NB_MODULE(_sa3mlx_cpu, m) {
@@ -438,5 +743,8 @@ NB_MODULE(_sa3mlx_cpu, m) {
   m.def("swiglu", &swiglu, "h = [value | gate] on the last axis -> value·silu(gate)");
   m.def("swiglu_vjp", &swiglu_vjp, "the gradient w.r.t. h of swiglu(h) for cotangent g");
   m.def("rms_norm", &rms_norm, "(x·r)·w over the last axis, r = 1/sqrt(mean(x²) + eps)");
+  m.def("rope", &rope, "x·cos + rotate_half(x)·sin on the first R dims (backward: its transpose)");
+  m.def("sum_squares", &sum_squares, "[Σ x² of each array], deterministic on any thread count");
+  m.def("adamw", &adamw, "one AdamW step over lists of p, g, m, v -> (p..., m..., v..., [Σ (g·scale)²])");
   m.def("rms_norm_vjp", &rms_norm_vjp, "the gradient w.r.t. x of rms_norm(x, w, eps) for cotangent g");
 }

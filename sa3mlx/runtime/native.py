@@ -1,8 +1,8 @@
 """The native CPU kernels (`cpu_kernels.cpp`): built once per machine, cached, loaded on demand.
 
-An MLX C++ extension (nanobind, AVX2/FMA) with softmax, sigmoid and SwiGLU and their backward
-passes as MLX primitives. It is built with the system's g++ (the compiler MLX's CPU `mx.compile`
-already needs) against the installed MLX and nanobind, into
+An MLX C++ extension (nanobind, AVX2/FMA) with softmax, sigmoid, SwiGLU, RMSNorm and RoPE and their
+backward passes, and the AdamW step over all adapter tensors, as MLX primitives. It is built with the
+system's g++ (the compiler MLX's CPU `mx.compile` already needs) against the installed MLX and nanobind, into
 `$XDG_CACHE_HOME/sa3mlx/native/<key>/` (key: the source, the exp constants, the MLX, nanobind and
 Python versions and the compiler), atomically, under a file lock. `./dev` builds it at set-up
 (`python -m sa3mlx.runtime.native`); a process that finds none builds it at its first use.
@@ -34,7 +34,19 @@ SWITCH = "SA3MLX_NATIVE_KERNELS"
 SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
 MODULE = "_sa3mlx_cpu"  # NB_MODULE name in the source
 NB_DOMAIN = "mlx"  # MLX's Python module is built in this nanobind domain: arrays pass only within it
-FLAGS = ("-O3", "-std=c++20", "-mavx2", "-mfma", "-shared", "-fPIC", "-fvisibility=hidden", "-DNDEBUG")
+# -ffp-contract=off: a product and a sum stay two roundings, as written (and as MLX evaluates them); FMAs are
+# the explicit _mm256_fmadd_ps calls only
+FLAGS = (
+    "-O3",
+    "-std=c++20",
+    "-mavx2",
+    "-mfma",
+    "-ffp-contract=off",
+    "-shared",
+    "-fPIC",
+    "-fvisibility=hidden",
+    "-DNDEBUG",
+)
 
 
 def supported() -> bool:

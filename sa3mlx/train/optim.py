@@ -20,6 +20,8 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
+from sa3mlx.runtime import kernels
+
 TORCH_ADAMW_DEFAULTS = {"betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
 
 
@@ -268,6 +270,92 @@ def clip_grad_norm(grads, max_norm: float | None):
     coef = mx.minimum(mx.array(max_norm, mx.float32) / (total + 1e-6), 1.0)
     clipped = tree_map(lambda g: (g * coef).astype(g.dtype), grads)
     return clipped, global_norm(clipped)
+
+
+def guarded_update(optimizer: optim.Optimizer, grads: dict, values: dict, finite: mx.array, grad_clip: float | None):
+    """Clip, one optimizer step of `values` (a flat dict of adapter tensors, written in place) and the
+    optimizer's state, both kept as they were wherever anything is non-finite (`finite` False, or a
+    non-finite gradient). Returns (post-clip grad norm, finite, adapter norm before the update).
+    AdamW over fp32 tensors on the CPU takes `native_adamw_update`, the rest MLX's own ops."""
+    if _native_update_applies(optimizer, grads, values):
+        return native_adamw_update(optimizer, grads, values, finite, grad_clip)
+    finite = finite & mx.isfinite(global_norm(grads))
+    safe = {k: mx.where(finite, g, mx.zeros_like(g)) for k, g in grads.items()}
+    clipped, norm = clip_grad_norm(safe, grad_clip)
+    magnitude = global_norm(values)  # before the update, as underfit logs it
+    before = _snapshot(optimizer.state)
+    updated = optimizer.apply_gradients(clipped, values)
+    for key, value in updated.items():
+        values[key] = mx.where(finite, value, values[key])
+    _select_in_place(optimizer.state, before, finite)
+    return norm, finite, magnitude
+
+
+def _native_update_applies(optimizer: optim.Optimizer, grads: dict, values: dict) -> bool:
+    plain_adamw = isinstance(optimizer, optim.AdamW) and optimizer.bias_correction and not optimizer._schedulers
+    if not plain_adamw or set(grads) != set(values) or not all(k in optimizer.state for k in values):
+        return False
+    moments = [optimizer.state[k][s] for k in values for s in ("m", "v")]
+    return kernels.native_adamw([*values.values(), *grads.values(), *moments])
+
+
+def native_adamw_update(optimizer: optim.AdamW, grads: dict, values: dict, finite: mx.array, grad_clip: float | None):
+    """`guarded_update`'s AdamW in two native passes (`runtime/kernels.py`): the gradients' and the values'
+    sums of squares, then clip + decay + moments + step + the finite guard over every tensor at once,
+    which also sums the clipped gradients' squares. The scalars as mlx.optimizers.AdamW computes them;
+    the per-element ops in its order (not bit-identical to MLX's fused kernel: its sums run in another
+    order). MLX's ops take ~140 ms for the 9.2 M values of small-music's adapters on 2 cores, this ~20."""
+    names = list(values)
+    params, gradients = [values[k] for k in names], [grads[k] for k in names]
+    grad_squares = mx.sum(kernels.sum_squares(gradients))
+    finite = finite & mx.isfinite(grad_squares)
+    scale = mx.array(1.0, mx.float32)
+    if grad_clip:
+        if grad_clip < 0:
+            raise ValueError(f"max_norm must be >= 0, got {grad_clip}")
+        scale = mx.minimum(mx.array(grad_clip, mx.float32) / (mx.sqrt(grad_squares) + 1e-6), 1.0)
+    magnitude = mx.sqrt(mx.sum(kernels.sum_squares(params)))
+    old_step = optimizer.state["step"]
+    step = old_step + 1
+    lr = optimizer.learning_rate.astype(mx.float32)
+    b1, b2 = optimizer.betas
+    scalars = mx.stack(
+        [
+            scale.astype(mx.float32),
+            (1 - lr * optimizer.weight_decay).astype(mx.float32),
+            (lr / (1 - b1**step)).astype(mx.float32),
+            mx.rsqrt(1 - b2**step).astype(mx.float32),
+            finite.astype(mx.float32),
+        ]
+    )
+    moments = [optimizer.state[k] for k in names]
+    new_params, ms, vs, clipped_squares = kernels.adamw(
+        scalars, params, gradients, [m["m"] for m in moments], [m["v"] for m in moments], (b1, b2), optimizer.eps
+    )
+    for key, moment, p, m, v in zip(names, moments, new_params, ms, vs):
+        values[key], moment["m"], moment["v"] = p, m, v
+    optimizer.state["step"] = mx.where(finite, step, old_step)
+    norm = mx.where(finite, mx.sqrt(mx.sum(clipped_squares)), 0.0)
+    return norm, finite, magnitude
+
+
+def _snapshot(state):
+    """A copy of a nested dict/list state's containers (the arrays themselves are immutable)."""
+    if isinstance(state, dict):
+        return {k: _snapshot(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_snapshot(v) for v in state]
+    return state
+
+
+def _select_in_place(state, before, keep_new: mx.array) -> None:
+    """state[...] = where(keep_new, state, before), writing into the same containers."""
+    items = state.items() if isinstance(state, dict) else enumerate(state)
+    for key, value in list(items):
+        if isinstance(value, (dict, list)):
+            _select_in_place(value, before[key], keep_new)
+        else:
+            state[key] = mx.where(keep_new, value, before[key])
 
 
 def accumulate(total, grads):

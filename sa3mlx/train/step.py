@@ -26,7 +26,7 @@ from sa3mlx.models.conditioning import Conditioner
 from sa3mlx.models.dit import DiT
 from sa3mlx.runtime.precision import compile_notice
 from sa3mlx.train.objective import ObjectiveConfig, drop_cross_attention, local_add_cond, objective_loss, rectified_flow
-from sa3mlx.train.optim import accumulate, average, clip_grad_norm, global_norm
+from sa3mlx.train.optim import accumulate, average, guarded_update
 
 # adapters train in their unmaterialised form (low-rank branch + DoRA gains): no full-size weight
 # gradient per adapted layer, ~3x faster on the CPU than building the effective weights
@@ -139,16 +139,7 @@ class StepCore:
 
     def _update_fn(self, grads: dict, finite: mx.array):
         """Clip, AdamW, and keep the old values and moments where anything is non-finite."""
-        finite = finite & mx.isfinite(global_norm(grads))
-        safe = {k: mx.where(finite, g, mx.zeros_like(g)) for k, g in grads.items()}
-        clipped, norm = clip_grad_norm(safe, self.grad_clip)
-        magnitude = global_norm(self.values)  # before the update, as underfit logs it
-        before = _snapshot(self.optimizer.state)
-        updated = self.optimizer.apply_gradients(clipped, self.values)
-        for key, value in updated.items():
-            self.values[key] = mx.where(finite, value, self.values[key])
-        _select_in_place(self.optimizer.state, before, finite)
-        return norm, finite, magnitude
+        return guarded_update(self.optimizer, grads, self.values, finite, self.grad_clip)
 
     def _fused_fn(self, batch: dict):
         loss, grads = self.reduce(*self._grads_fn(batch), 1)
@@ -192,22 +183,3 @@ def keep_local(loss_sum: mx.array, grad_sums: dict, count: int) -> tuple[mx.arra
     if count == 1:
         return loss_sum, grad_sums
     return loss_sum / count, average(grad_sums, count)
-
-
-def _snapshot(state):
-    """A copy of a nested dict/list state's containers (the arrays themselves are immutable)."""
-    if isinstance(state, dict):
-        return {k: _snapshot(v) for k, v in state.items()}
-    if isinstance(state, list):
-        return [_snapshot(v) for v in state]
-    return state
-
-
-def _select_in_place(state, before, keep_new: mx.array) -> None:
-    """state[...] = where(keep_new, state, before), writing into the same containers."""
-    items = state.items() if isinstance(state, dict) else enumerate(state)
-    for key, value in list(items):
-        if isinstance(value, (dict, list)):
-            _select_in_place(value, before[key], keep_new)
-        else:
-            state[key] = mx.where(keep_new, value, before[key])
