@@ -14,7 +14,7 @@ estimate of sa3mlx.train.memory beside it. Medium at crop 4096 is measured at `-
 with checkpointing and the base stored in fp16 (what the trainer's rule picks there: with the base
 in fp32 the step cannot fit 8 GB) and projected linearly to depth 24 (marked "projected").
 Targets (fp32 CPU): small crop 1300 checkpointed <= 6 GB; medium crop 4096 <= 8 GB projected;
-the crop-1300 step >= 40 % of the GEMM peak. Last line: RESULT {json}.
+the crop-1300 step >= 45 % of the GEMM peak (issue 14; 40 % before). Last line: RESULT {json}.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from train import random_step, time_steps  # bench/train.py
 from sa3mlx.runtime.precision import COMPUTE, STORED
 from sa3mlx.train.memory import GB, StepShape, base_weight_bytes, dit_parameter_count, estimate_peak_bytes
 
-TARGETS = {"small_1300_ckpt_peak_gb": 6.0, "medium_4096_ckpt_projected_gb": 8.0, "small_1300_pct_gemm": 40.0}
+TARGETS = {"small_1300_ckpt_peak_gb": 6.0, "medium_4096_ckpt_projected_gb": 8.0, "small_1300_pct_gemm": 45.0}
 DEFAULT_CASES = ("small:20:1300:on", "small:20:1300:off", "small:20:256:off", "small:20:256:on")
 # plain: d1/d2 at two crops (ALPHA, BETA); checkpointed: d2/d4 (at d1 the one block is the recomputed one)
 FIT_CASES = (

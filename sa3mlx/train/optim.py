@@ -304,7 +304,7 @@ def native_adamw_update(optimizer: optim.AdamW, grads: dict, values: dict, finit
     sums of squares, then clip + decay + moments + step + the finite guard over every tensor at once,
     which also sums the clipped gradients' squares. The scalars as mlx.optimizers.AdamW computes them;
     the per-element ops in its order (not bit-identical to MLX's fused kernel: its sums run in another
-    order). MLX's ops take ~140 ms for the 9.2 M values of small-music's adapters on 2 cores, this ~20."""
+    order). Compiled, for the 9.2 M values of small-music's adapters on 2 cores: 29-41 ms, MLX's ops 132-196."""
     names = list(values)
     params, gradients = [values[k] for k in names], [grads[k] for k in names]
     grad_squares = mx.sum(kernels.sum_squares(gradients))
