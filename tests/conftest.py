@@ -19,3 +19,16 @@ def fixture_copy(tmp_path):
         return tmp_path / "fixtures" / names[0]
 
     return copy
+
+
+def evaluated_with_peak(compute):
+    """(compute()'s evaluated result, MLX's peak memory above what was held before): arrays that earlier
+    tests keep alive count in MLX's peak, so the peak alone depends on the tests run before."""
+    import mlx.core as mx  # after sa3mlx's BLAS set-up above
+
+    mx.clear_cache()
+    held = mx.get_active_memory()
+    mx.reset_peak_memory()
+    result = compute()
+    mx.eval(result)
+    return result, mx.get_peak_memory() - held

@@ -9,7 +9,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT, evaluated_with_peak
 
 from sa3mlx.models.attention import attention
 from sa3mlx.models.dit_layers import RotaryEmbedding, apply_rope
@@ -214,12 +214,7 @@ def test_chunked_attention_keeps_no_whole_score_tensor(monkeypatch, path):
     mx.eval(q, k, v)
 
     def peak(compute):
-        """The peak above what is held before (earlier tests' arrays, still alive, count in MLX's peak)."""
-        mx.clear_cache()
-        held = mx.get_active_memory()
-        mx.reset_peak_memory()
-        mx.eval(compute())
-        return mx.get_peak_memory() - held
+        return evaluated_with_peak(compute)[1]
 
     def grads(chunk_bytes):
         return lambda: _grad(lambda *a: attention(*a, 0.25, chunk_bytes=chunk_bytes), q, k, v)
@@ -245,8 +240,8 @@ def test_parity_holds_on_the_other_paths(monkeypatch, path, kind, folder):
 def test_the_dit_runs_through_the_fast_kernels(monkeypatch, path):
     use(monkeypatch, path)
     norms, ropes = [], []
-    rms_norm, rope = kernels.rms_norm, kernels.rope
-    monkeypatch.setattr(kernels, "rope", lambda x, c, s: ropes.append(x.shape) or rope(x, c, s))
+    rms_norm, native_rope = kernels.rms_norm, kernels._native_rope
+    monkeypatch.setattr(kernels, "_native_rope", lambda x, c, s: ropes.append(x.shape) or native_rope(x, c, s))
     monkeypatch.setattr(
         kernels, "rms_norm", lambda x, w, eps: norms.append(kernels.kernel_path(x)) or rms_norm(x, w, eps)
     )

@@ -7,7 +7,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, evaluated_with_peak
 from test_train_loop_fake import TINY_PARAMS, make_tiny_project, reproducible_prompt_encoding
 
 from sa3mlx.convert.model import convert_source
@@ -56,12 +56,8 @@ def loss_and_grads(dit: DiT, checkpoint: bool, length: int):
     mx.eval(x, cross, glob, local)
     dit.transformer.checkpoint_blocks = checkpoint
     fn = nn.value_and_grad(dit, lambda x_: (dit(x_, mx.array([0.3]), cross, glob, local) ** 2).mean())
-    mx.clear_cache()
-    mx.reset_peak_memory()
-    before = mx.get_active_memory()
-    loss, grads = fn(x)
-    mx.eval(loss, grads)
-    return loss, dict(nn.utils.tree_flatten(grads)), mx.get_peak_memory() - before
+    (loss, grads), peak = evaluated_with_peak(lambda: fn(x))
+    return loss, dict(nn.utils.tree_flatten(grads)), peak
 
 
 @pytest.mark.parametrize("differential", [False, True])

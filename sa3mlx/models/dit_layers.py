@@ -35,15 +35,7 @@ class RotaryEmbedding(nn.Module):
 
 def apply_rope(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
     """Rotate the first R dims of x [B,H,L,D] with half-split (rotate_half) pairing, in fp32 or wider."""
-    if kernels.native_rope(x, cos, sin):
-        return kernels.rope(x, cos, sin)
-    dtype, rot_dim = x.dtype, cos.shape[-1]
-    wide = mx.float64 if dtype == mx.float64 else mx.float32
-    rot, rest = x[..., :rot_dim].astype(wide), x[..., rot_dim:]
-    first, second = rot[..., : rot_dim // 2], rot[..., rot_dim // 2 :]
-    rotated = mx.concatenate([-second, first], axis=-1)
-    out = (rot * cos + rotated * sin).astype(dtype)
-    return mx.concatenate([out, rest], axis=-1) if rest.shape[-1] else out
+    return kernels.rope(x, cos, sin)
 
 
 def _heads(x: mx.array, num_heads: int) -> mx.array:

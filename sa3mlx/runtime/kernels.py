@@ -255,9 +255,17 @@ def native_rope(x: mx.array, cos: mx.array, sin: mx.array) -> bool:
 
 
 def rope(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
-    """x·cos + rotate_half(x)·sin on the first R dims of x (half-split pairing), the rest as it is; native:
-    one pass forward and one backward per row, on every core (callers check `native_rope`)."""
-    return _native_rope(x, cos, sin)
+    """x·cos + rotate_half(x)·sin on the first R dims of x [..., L, D] (half-split pairing), the rest as it is,
+    in fp32 or wider; native: one pass forward and one backward per row, on every core (the same bits)."""
+    if native_rope(x, cos, sin):
+        return _native_rope(x, cos, sin)
+    dtype, rot_dim = x.dtype, cos.shape[-1]
+    wide = mx.float64 if dtype == mx.float64 else mx.float32
+    rot, rest = x[..., :rot_dim].astype(wide), x[..., rot_dim:]
+    first, second = rot[..., : rot_dim // 2], rot[..., rot_dim // 2 :]
+    rotated = mx.concatenate([-second, first], axis=-1)
+    out = (rot * cos + rotated * sin).astype(dtype)
+    return mx.concatenate([out, rest], axis=-1) if rest.shape[-1] else out
 
 
 @mx.custom_function
@@ -279,17 +287,15 @@ def swiglu(h: mx.array) -> mx.array:
     return value * silu(gate)
 
 
-def sum_squares(arrays: list[mx.array]) -> mx.array:
-    """[Σ x² of each array] in fp32; native: one primitive over all of them, on every core, in fixed chunks
-    (the same bytes on any thread count)."""
-    if arrays and all(kernel_path(a) == NATIVE for a in arrays):
-        return native.load().sum_squares(arrays)
-    return mx.stack([mx.sum(mx.square(a.astype(mx.float32))) for a in arrays])
-
-
-def native_adamw(arrays: list[mx.array]) -> bool:
-    """Whether an AdamW step over these tensors (parameters, gradients, moments) takes `adamw`."""
+def all_native(arrays: list[mx.array]) -> bool:
+    """Whether `sum_squares` and `adamw` take these tensors (all of them on the native path)."""
     return bool(arrays) and all(kernel_path(a) == NATIVE for a in arrays)
+
+
+def sum_squares(arrays: list[mx.array]) -> mx.array:
+    """[Σ x² of each array] in fp32, one native primitive over all of them, on every core, in fixed chunks
+    (the same bytes on any thread count); callers check `all_native`."""
+    return native.load().sum_squares(arrays)
 
 
 ADAMW_GROUP = 16  # tensors per native AdamW call: each output has the call's others as siblings (quadratic)
